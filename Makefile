@@ -1,0 +1,40 @@
+# Everything a fresh machine needs, from nothing: a virtual environment, the pinned Python
+# packages, and the JVM jars cached under .cache/jars (no network needed afterwards).
+PYTHON    ?= python3.11
+VENV      := .venv
+BIN       := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+JARS      := .cache/jars/.complete
+ROOT      ?= data
+
+.PHONY: setup test lint run bench clean
+
+setup: $(INSTALLED) $(JARS)
+
+$(INSTALLED): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --constraint constraints.txt --editable '.[dev]'
+	touch $@
+
+$(JARS): jars/pom.xml $(INSTALLED)
+	scripts/fetch-jars.sh $(BIN)/python .cache/jars
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+
+test: setup lint
+	$(BIN)/pytest
+
+# The main job on the embedded default: messy events into the landing zone, streamed
+# through every layer once, then the accounting.
+run: setup
+	$(BIN)/lakehouse generate --root $(ROOT) --events 20000
+	$(BIN)/lakehouse stream --root $(ROOT) --available-now
+	$(BIN)/lakehouse sql --root $(ROOT) "SELECT source, count(*) AS records, count(DISTINCT source_file) AS files FROM bronze.ad_events GROUP BY source"
+
+bench: setup
+	$(BIN)/python -m spark_jobs.bench --root .cache/bench
+
+clean:
+	rm -rf $(VENV) .cache $(ROOT)

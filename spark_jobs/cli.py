@@ -1,0 +1,206 @@
+"""The ``lakehouse`` command: every verb takes ``--root``; bad arguments get one clear line.
+
+Heavy imports (PySpark, Delta) happen inside the verbs, so ``lakehouse --help`` and
+argument errors answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from spark_jobs import config
+from spark_jobs.config import ConfigError, Settings
+
+log = logging.getLogger("lakehouse")
+
+
+class UsageError(Exception):
+    """A bad argument or environment; printed as one line, exit status 2."""
+
+
+# -- argument types --------------------------------------------------------------------
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
+
+
+def share(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1: {text}")
+    return value
+
+
+def utc_datetime(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO-8601 time: {text!r}") from None
+    return moment.replace(tzinfo=moment.tzinfo or UTC)
+
+
+# -- verbs -----------------------------------------------------------------------------
+
+
+def _writable_root(settings: Settings) -> Settings:
+    root = settings.root
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise UsageError(f"root {root} is not writable: {error.strerror or error}") from None
+    return settings
+
+
+def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
+    from spark_jobs.generator import GenerateRequest, Mess, generate
+    from spark_jobs.streaming import stop_on_signals
+
+    mess_fields = Mess.__dataclass_fields__
+    try:
+        mess = Mess(**{name: getattr(args, name) for name in mess_fields
+                       if getattr(args, name) is not None})
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    request = GenerateRequest(
+        events=args.events, seed=args.seed, start=args.start or datetime.now(UTC), mess=mess,
+        events_per_file=args.events_per_file, rate=args.rate,
+        derive_missing_event_id=settings.derive_missing_event_id)
+    stop = stop_on_signals() if args.rate else None
+    counts = generate(request, settings.landing_events, settings.landing_campaigns,
+                      settings.expected_counts_file,
+                      should_stop=stop.is_set if stop else (lambda: False))
+    print(json.dumps({"generated": counts.as_json(),
+                      "expected_counts_file": str(settings.expected_counts_file)}, indent=2))
+    return 0
+
+
+def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
+    from spark_jobs import streaming
+    from spark_jobs.session import build_spark
+
+    layers = streaming.parse_layers(args.layers)
+    trigger = args.trigger or settings.trigger_interval
+    config.interval_seconds(trigger)  # a bad --trigger fails before Spark starts
+    stop = streaming.stop_on_signals()
+    spark = build_spark(settings, app_name=f"lakehouse-stream-{'-'.join(layers)}")
+    try:
+        if args.available_now:
+            streaming.run_available_now(spark, settings, layers)
+        else:
+            streaming.run_continuously(spark, settings, layers, trigger, stop)
+    except streaming.StreamFailed as error:
+        print(f"lakehouse stream: {error}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    return 0
+
+
+def cmd_sql(settings: Settings, args: argparse.Namespace) -> int:
+    from spark_jobs.session import build_spark
+    from spark_jobs.tables import register_existing
+
+    spark = build_spark(settings, app_name="lakehouse-sql")
+    try:
+        register_existing(spark, settings)
+        result = spark.sql(args.query)
+        rows = result.collect()
+        if args.json:
+            print(json.dumps([row.asDict(recursive=True) for row in rows], default=str))
+        else:
+            result.show(n=max(len(rows), 1), truncate=False)
+    except Exception as error:  # an analysis error is the user's query, not a crash
+        if type(error).__name__ in ("AnalysisException", "ParseException"):
+            raise UsageError(str(error).splitlines()[0]) from None
+        raise
+    finally:
+        spark.stop()
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors as one line (the usage is one ``--help`` away), exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="lakehouse", description="Streaming lakehouse of ad events (bronze, silver, gold).")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB",
+                                  parser_class=OneLineParser)
+
+    def verb(name: str, handler: Callable[[Settings, argparse.Namespace], int],
+             help_text: str) -> argparse.ArgumentParser:
+        sub = verbs.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--root", type=Path,
+                         help="lakehouse root folder (default: configuration 'root')")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    generate = verb("generate", cmd_generate,
+                    "write messy ad events and the campaign mapping to the landing zone")
+    generate.add_argument("--events", type=non_negative_int, default=10_000,
+                          help="number of records (default 10000)")
+    generate.add_argument("--seed", type=int, default=1, help="random seed (deterministic)")
+    generate.add_argument("--start", type=utc_datetime,
+                          help="'now' of the generated events (default: the clock)")
+    generate.add_argument("--events-per-file", type=non_negative_int, default=5000)
+    generate.add_argument("--rate", type=positive_number,
+                          help="events per second, generated until interrupted")
+    from spark_jobs.generator import Mess
+    for name, mess_field in Mess.__dataclass_fields__.items():
+        generate.add_argument(f"--{name.replace('_', '-')}", type=share, dest=name,
+                              help=f"share (default {mess_field.default})")
+
+    stream = verb("stream", cmd_stream, "run the streaming layers")
+    stream.add_argument("--layers", help="comma-separated layers, or all (default)")
+    stream.add_argument("--available-now", action="store_true",
+                        help="process everything present, then exit")
+    stream.add_argument("--trigger", help="micro-batch interval, e.g. 5s (continuous mode)")
+
+    sql = verb("sql", cmd_sql, "run SQL over the tables by name, e.g. bronze.ad_events")
+    sql.add_argument("query")
+    sql.add_argument("--json", action="store_true", help="rows as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, Any] = {"root": args.root}
+    try:
+        settings = _writable_root(config.load(overrides))
+        return args.handler(settings, args)
+    except (UsageError, ConfigError) as error:
+        print(f"lakehouse {args.verb}: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

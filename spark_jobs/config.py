@@ -1,0 +1,155 @@
+"""The one configuration of the lakehouse.
+
+Precedence, lowest first: the checked-in ``defaults.toml``, an optional file named by
+``LAKEHOUSE_CONFIG``, environment variables ``LAKEHOUSE_<KEY>``, then explicit overrides
+(CLI flags). Everything else receives a :class:`Settings`; nothing reads the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+SOURCES = ("files", "kafka")
+_INTERVAL = re.compile(r"^\s*(\d+)\s*(ms|millisecond|second|minute|hour|day|s|m|h|d)s?\s*$")
+_UNIT_SECONDS = {
+    "ms": 0.001, "millisecond": 0.001, "s": 1, "second": 1,
+    "m": 60, "minute": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400,
+}
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; its message is meant for the user."""
+
+
+def interval_seconds(text: str) -> float:
+    """Seconds in an interval such as ``5s``, ``10 minutes`` or ``1 hour``."""
+    match = _INTERVAL.match(text)
+    if not match:
+        raise ConfigError(f"not an interval: {text!r} (expected e.g. '5s', '10 minutes')")
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def spark_interval(text: str) -> str:
+    """The interval in the ``N seconds`` form Spark's watermark and window functions take."""
+    seconds = interval_seconds(text)
+    if seconds < 1:
+        return f"{round(seconds * 1000)} milliseconds"
+    return f"{int(seconds)} seconds"
+
+
+@dataclass(frozen=True)
+class Settings:
+    root: Path
+    source: str
+    kafka_bootstrap_servers: str
+    kafka_topic: str
+    spark_master: str
+    shuffle_partitions: int
+    jars_dir: Path
+    trigger_interval: str
+    max_files_per_trigger: int
+    future_tolerance: str
+    derive_missing_event_id: bool
+    watermark_delay: str
+    window_duration: str
+    attribution_max_gap: str
+
+    # Layout of the root: one place, so every job and test agrees on it.
+    @property
+    def landing_events(self) -> Path:
+        return self.root / "landing" / "events"
+
+    @property
+    def landing_campaigns(self) -> Path:
+        return self.root / "landing" / "campaigns"
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.root / "tables"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def expected_counts_file(self) -> Path:
+        return self.root / "landing" / "expected_counts.json"
+
+    def table_path(self, relative: str) -> str:
+        return str(self.tables_dir / relative)
+
+    def checkpoint(self, query_name: str) -> str:
+        return str(self.checkpoints_dir / query_name)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key} must be true or false, not {value!r}")
+    if kind is int:
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} must be an integer, not {value!r}") from None
+    return str(value)
+
+
+def _field_types() -> dict[str, type]:
+    names = {"bool": bool, "int": int}
+    return {f.name: names.get(str(f.type), str) for f in dataclasses.fields(Settings)}
+
+
+def load(overrides: Mapping[str, Any] | None = None,
+         environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings from defaults, ``LAKEHOUSE_CONFIG``, ``LAKEHOUSE_*`` and ``overrides``."""
+    environ = os.environ if environ is None else environ
+    types = _field_types()
+    values: dict[str, Any] = tomllib.loads(
+        resources.files("spark_jobs").joinpath("defaults.toml").read_text("utf-8"))
+    if extra := environ.get("LAKEHOUSE_CONFIG"):
+        try:
+            values.update(tomllib.loads(Path(extra).read_text("utf-8")))
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise ConfigError(f"cannot read LAKEHOUSE_CONFIG={extra}: {error}") from None
+    unknown = set(values) - set(types)
+    if unknown:
+        raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
+    for key in types:
+        if (env_value := environ.get(f"LAKEHOUSE_{key.upper()}")) is not None:
+            values[key] = env_value
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    typed = {key: _coerce(key, values[key], kind) for key, kind in types.items()}
+    return _validated(typed)
+
+
+def _validated(values: dict[str, Any]) -> Settings:
+    if values["source"] not in SOURCES:
+        raise ConfigError(f"source must be one of {', '.join(SOURCES)}, not {values['source']!r}")
+    for key in ("shuffle_partitions", "max_files_per_trigger"):
+        if values[key] < 1:
+            raise ConfigError(f"{key} must be at least 1, not {values[key]}")
+    for key in ("trigger_interval", "future_tolerance", "watermark_delay",
+                "window_duration", "attribution_max_gap"):
+        interval_seconds(values[key])
+    values["root"] = Path(values["root"]).expanduser().resolve()
+    values["jars_dir"] = (Path(values["jars_dir"]).expanduser().resolve() if values["jars_dir"]
+                          else PROJECT_DIR / ".cache" / "jars")
+    return Settings(**values)

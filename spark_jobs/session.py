@@ -1,0 +1,49 @@
+"""The one SparkSession factory: tests, the CLI and spark-submitted jobs all come here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spark_jobs.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """Every Spark setting of the project, in one place (also used for ``spark-submit``)."""
+    jars = sorted(settings.jars_dir.glob("*.jar"))
+    if not jars:
+        raise ConfigError(
+            f"no Delta jars in {settings.jars_dir}: run 'make setup' once (it caches them)")
+    return {
+        "spark.jars": ",".join(str(jar) for jar in jars),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        # Event time is UTC by contract; event_date must not depend on the machine's zone.
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        # RocksDB keeps streaming state off the JVM heap and checkpoints it incrementally.
+        "spark.sql.streaming.stateStore.providerClass":
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        # Progress goes to the project's own table; the UI would only cost a port and memory.
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # Small local tables: Delta's default of 50 snapshot partitions is pure overhead.
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.sql.warehouse.dir": str(settings.root / "warehouse"),
+        "spark.driver.memory": "2g",
+    }
+
+
+def build_spark(settings: Settings, app_name: str = "lakehouse") -> SparkSession:
+    """A SparkSession with Delta, RocksDB state and the project's defaults."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(settings.spark_master).appName(app_name)
+    for key, value in spark_conf(settings).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

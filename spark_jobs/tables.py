@@ -1,0 +1,93 @@
+"""Delta tables of the lakehouse: how each is declared, created and registered by name.
+
+Each dataset module declares one :class:`TableSpec`. Tables live by path under
+``<root>/tables`` (readable by any Delta reader) and are registered by name in every
+session the project builds. The registration is also written to ``<root>/catalog.sql``, so a
+plain ``spark-sql -i <root>/catalog.sql`` sees the same names: the catalog persists with
+the data instead of in a single-process Derby metastore that concurrent streaming drivers
+could not share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from spark_jobs.config import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str  # "layer.table", as SQL users query it
+    schema: StructType
+    partitioned_by: tuple[str, ...] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def relative_path(self) -> str:
+        return self.name.replace(".", "/")
+
+    def path(self, settings: Settings) -> str:
+        return settings.table_path(self.relative_path)
+
+
+def create_statement(spec: TableSpec, settings: Settings) -> str:
+    database = spec.name.split(".")[0]
+    return (f"CREATE DATABASE IF NOT EXISTS {database};\n"
+            f"CREATE TABLE IF NOT EXISTS {spec.name} USING DELTA LOCATION '{spec.path(settings)}';")
+
+
+def ensure_table(spark: SparkSession, settings: Settings, spec: TableSpec) -> None:
+    """Create the Delta table at its path if it is missing, and register its name."""
+    from delta.tables import DeltaTable
+
+    builder = (DeltaTable.createIfNotExists(spark)
+               .location(spec.path(settings))
+               .addColumns(spec.schema)
+               .partitionedBy(*spec.partitioned_by))
+    for key, value in spec.properties.items():
+        builder = builder.property(key, value)
+    builder.execute()
+    _register(spark, settings, spec)
+    _remember(settings, spec)
+
+
+def register_existing(spark: SparkSession, settings: Settings) -> list[str]:
+    """Register by name every table recorded in ``<root>/catalog.sql``; return the names."""
+    catalog = settings.root / "catalog.sql"
+    if not catalog.exists():
+        return []
+    names = []
+    for statement in catalog.read_text("utf-8").split(";"):
+        if statement.strip():
+            spark.sql(statement)
+            if "CREATE TABLE" in statement:
+                names.append(statement.split("EXISTS ")[1].split(" ")[0])
+    return names
+
+
+def read(spark: SparkSession, settings: Settings, spec: TableSpec) -> DataFrame:
+    return spark.read.format("delta").load(spec.path(settings))
+
+
+def _register(spark: SparkSession, settings: Settings, spec: TableSpec) -> None:
+    """(Re)point the name at this root's table. The registration is external: dropping it
+    forgets the name, never the data."""
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {spec.name.split('.')[0]}")
+    spark.sql(f"DROP TABLE IF EXISTS {spec.name}")
+    spark.sql(f"CREATE TABLE {spec.name} USING DELTA LOCATION '{spec.path(settings)}'")
+
+
+def _remember(settings: Settings, spec: TableSpec) -> None:
+    catalog = settings.root / "catalog.sql"
+    known = catalog.read_text("utf-8") if catalog.exists() else ""
+    statement = create_statement(spec, settings)
+    if statement not in known:
+        # Several drivers may create tables at once: append is atomic enough for one line
+        # each, and duplicates are harmless (IF NOT EXISTS).
+        with catalog.open("a", encoding="utf-8") as out:
+            out.write(statement + "\n")

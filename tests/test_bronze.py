@@ -1,0 +1,73 @@
+import gzip
+from pathlib import Path
+
+from deltalake import DeltaTable as RustDeltaTable
+
+from spark_jobs import streaming
+from spark_jobs.bronze import ad_events as bronze
+from spark_jobs.config import Settings
+from spark_jobs.generator import write_atomically
+
+
+def lines_of(spark, files: dict[str, str]) -> list[tuple[str, int, str]]:
+    frame = spark.createDataFrame(list(files.items()), "file_path string, value string")
+    rows = bronze.lines_from_files(frame).collect()
+    return sorted((row.source_file, row.source_line, row.raw) for row in rows)
+
+
+def test_each_non_blank_line_becomes_one_row_with_its_position(spark) -> None:
+    rows = lines_of(spark, {"a.jsonl": '{"n":1}\n\n   \n{"n":2}\n'})
+    # Lines 2 and 3 are blank: not records. Positions are the file's own line numbers.
+    assert rows == [("a.jsonl", 1, '{"n":1}'), ("a.jsonl", 4, '{"n":2}')]
+
+
+def test_bom_and_crlf_do_not_reach_the_raw_text(spark) -> None:
+    rows = lines_of(spark, {"b.jsonl": '\ufeff{"n":1}\r\n{"n":2}\r\n'})
+    assert [raw for _, _, raw in rows] == ['{"n":1}', '{"n":2}']
+
+
+def test_broken_lines_are_kept_exactly(spark) -> None:
+    broken = ['not json', '[1,2]', 'null', '{"a":', '{"é":"日本"}', "x" * (1024 * 1024)]
+    rows = lines_of(spark, {"c.jsonl": "\n".join(broken) + "\n"})
+    assert [raw for _, _, raw in rows] == broken
+
+
+def test_bronze_id_names_file_and_line(spark) -> None:
+    frame = spark.createDataFrame([("file:/l/x.jsonl", '{"n":1}')],
+                                  "file_path string, value string")
+    row = bronze.lines_from_files(frame).first()
+    assert row.bronze_id == "file:file:/l/x.jsonl:1"
+    assert row.source == "file" and row.ingest_date == row.ingested_at.date()
+
+
+def land(settings: Settings, name: str, content: bytes) -> None:
+    write_atomically(settings.landing_events, name, content)
+
+
+def bronze_rows(spark, settings: Settings) -> list:
+    return spark.read.format("delta").load(bronze.TABLE.path(settings)).collect()
+
+
+def test_stream_lands_plain_gzip_bom_and_invalid_utf8_exactly_once(spark, settings) -> None:
+    land(settings, "one.jsonl", b'\xef\xbb\xbf{"n":1}\r\n{"n":2}\r\n')
+    land(settings, "two.jsonl.gz", gzip.compress(b'{"n":3}\n\n{"n":"\xff"}\n'))
+    land(settings, "ignored.csv", b"n\n5\n")  # not a landing-zone file
+    streaming.run_available_now(spark, settings, ["bronze"])
+    rows = bronze_rows(spark, settings)
+    assert sorted(row.raw for row in rows) == ['{"n":"\ufffd"}', '{"n":1}', '{"n":2}', '{"n":3}']
+
+    # Running again with nothing new adds nothing; a new file adds only its lines.
+    streaming.run_available_now(spark, settings, ["bronze"])
+    assert len(bronze_rows(spark, settings)) == 4
+    land(settings, "three.jsonl", b'{"n":4}\n')
+    streaming.run_available_now(spark, settings, ["bronze"])
+    assert len(bronze_rows(spark, settings)) == 5
+
+
+def test_bronze_is_readable_by_another_delta_reader_and_by_name(spark, settings) -> None:
+    land(settings, "one.jsonl", b'{"n":1}\n{"n":2}\n')
+    streaming.run_available_now(spark, settings, ["bronze"])
+    table = RustDeltaTable(bronze.TABLE.path(settings))
+    assert table.to_pyarrow_table().num_rows == 2
+    assert spark.sql("SELECT count(*) AS n FROM bronze.ad_events").first().n == 2
+    assert "bronze.ad_events" in (Path(settings.root) / "catalog.sql").read_text()

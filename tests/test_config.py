@@ -1,0 +1,54 @@
+from pathlib import Path
+
+import pytest
+
+from spark_jobs import config
+from spark_jobs.config import ConfigError
+
+
+def test_defaults_come_from_the_checked_in_file(tmp_path: Path) -> None:
+    settings = config.load(environ={})
+    # The values of spark_jobs/defaults.toml.
+    assert settings.source == "files"
+    assert settings.watermark_delay == "10 minutes"
+    assert settings.derive_missing_event_id is False
+    assert settings.root == Path("data").resolve()
+
+
+def test_environment_overrides_file_and_flags_override_environment(tmp_path: Path) -> None:
+    env = {"LAKEHOUSE_ROOT": str(tmp_path / "env"), "LAKEHOUSE_SHUFFLE_PARTITIONS": "7",
+           "LAKEHOUSE_DERIVE_MISSING_EVENT_ID": "yes"}
+    settings = config.load({"root": tmp_path / "flag"}, environ=env)
+    assert settings.root == tmp_path / "flag"
+    assert settings.shuffle_partitions == 7
+    assert settings.derive_missing_event_id is True
+
+
+def test_config_file_named_by_environment(tmp_path: Path) -> None:
+    extra = tmp_path / "lake.toml"
+    extra.write_text('window_duration = "10 seconds"\n')
+    settings = config.load(environ={"LAKEHOUSE_CONFIG": str(extra)})
+    assert settings.window_duration == "10 seconds"
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"LAKEHOUSE_SOURCE": "ftp"}, "source must be one of"),
+    ({"LAKEHOUSE_SHUFFLE_PARTITIONS": "many"}, "must be an integer"),
+    ({"LAKEHOUSE_SHUFFLE_PARTITIONS": "0"}, "at least 1"),
+    ({"LAKEHOUSE_TRIGGER_INTERVAL": "soon"}, "not an interval"),
+    ({"LAKEHOUSE_DERIVE_MISSING_EVENT_ID": "maybe"}, "true or false"),
+])
+def test_bad_values_are_refused_with_a_clear_message(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config.load(environ=env)
+
+
+@pytest.mark.parametrize(("text", "seconds", "spark_form"), [
+    ("5s", 5, "5 seconds"),
+    ("10 minutes", 600, "600 seconds"),
+    ("1 hour", 3600, "3600 seconds"),
+    ("500ms", 0.5, "500 milliseconds"),
+])
+def test_intervals(text: str, seconds: float, spark_form: str) -> None:
+    assert config.interval_seconds(text) == seconds
+    assert config.spark_interval(text) == spark_form
