@@ -30,3 +30,7 @@ PRECEDENCE = (
     MISSING_AD_ID, INVALID_AD_ID,
     BAD_PRICE,
 )
+
+# Campaign mapping lines (contract section 2) that cannot be used: not an object with a
+# non-empty ad_id and campaign_id and a parseable valid_from.
+BAD_CAMPAIGN_MAPPING = "bad_campaign_mapping"

@@ -23,6 +23,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # Event time is UTC by contract; event_date must not depend on the machine's zone.
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        # A record with a repeated key ({"a":1,"a":2}) must not fail a whole batch.
+        "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
         # RocksDB keeps streaming state off the JVM heap and checkpoints it incrementally.
         "spark.sql.streaming.stateStore.providerClass":
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",

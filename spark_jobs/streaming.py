@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 # Layer name -> the modules whose ``start`` launch its queries, in dependency order.
 LAYERS: dict[str, tuple[str, ...]] = {
     "bronze": ("spark_jobs.bronze.ad_events",),
+    "silver": ("spark_jobs.silver.ad_events", "spark_jobs.silver.ad_campaigns"),
 }
 
 

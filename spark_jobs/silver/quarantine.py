@@ -1,0 +1,44 @@
+"""``silver.quarantine``: one row per rejected record.
+
+Grain: one row per bronze record that broke a rule of contract section 3, with its raw text
+exactly as in bronze, a machine-readable ``reason`` (``spark_jobs.reasons``), a
+human-readable ``detail`` and the bronze ingestion metadata, so it can be replayed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType, TimestampType
+
+from spark_jobs.bronze import ad_events as bronze
+from spark_jobs.config import Settings
+from spark_jobs.delta_writes import idempotent_append_options
+from spark_jobs.tables import TableSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+SCHEMA = StructType([
+    *bronze.SCHEMA.fields,
+    StructField("reason", StringType(), False),
+    StructField("detail", StringType()),
+    StructField("quarantined_at", TimestampType(), False),
+])
+
+TABLE = TableSpec("silver.quarantine", SCHEMA, partitioned_by=("ingest_date",))
+
+
+def rejected(validated: DataFrame) -> DataFrame:
+    """The validated records that broke a rule, as quarantine rows."""
+    return validated.where(F.col("reason").isNotNull()).select(
+        *bronze.SCHEMA.fieldNames(), "reason", "detail",
+        F.current_timestamp().alias("quarantined_at"))
+
+
+def append(validated: DataFrame, settings: Settings, app_id: str, version: int) -> None:
+    """Quarantine the rejected records of a micro-batch, at most once per batch."""
+    (rejected(validated).write.format("delta").mode("append")
+        .options(**idempotent_append_options(app_id, version))
+        .save(TABLE.path(settings)))
