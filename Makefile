@@ -31,7 +31,7 @@ test: setup lint
 run: setup
 	$(BIN)/lakehouse generate --root $(ROOT) --events 20000
 	$(BIN)/lakehouse stream --root $(ROOT) --available-now
-	$(BIN)/lakehouse sql --root $(ROOT) "SELECT source, count(*) AS records, count(DISTINCT source_file) AS files FROM bronze.ad_events GROUP BY source"
+	$(BIN)/lakehouse audit --root $(ROOT) --expected
 
 bench: setup
 	$(BIN)/python -m spark_jobs.bench --root .cache/bench

@@ -117,6 +117,25 @@ def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
+    from spark_jobs.audit import account, render
+    from spark_jobs.session import build_spark
+
+    expected_file = None
+    if args.expected is not None:
+        expected_file = Path(args.expected) if args.expected else settings.expected_counts_file
+        if not expected_file.exists():
+            raise UsageError(f"no expected counts at {expected_file}: run lakehouse generate")
+    spark = build_spark(settings, app_name="lakehouse-audit")
+    try:
+        accounting = account(spark, settings, expected_file)
+    finally:
+        spark.stop()
+    print(json.dumps(accounting.as_json(), indent=2, default=str) if args.json
+          else render(accounting))
+    return 0 if accounting.identity_holds and accounting.matches_expected else 1
+
+
 def cmd_sql(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs.session import build_spark
     from spark_jobs.tables import register_existing
@@ -183,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--available-now", action="store_true",
                         help="process everything present, then exit")
     stream.add_argument("--trigger", help="micro-batch interval, e.g. 5s (continuous mode)")
+
+    audit = verb("audit", cmd_audit,
+                 "account for every bronze record: silver, quarantine or duplicate")
+    audit.add_argument("--json", action="store_true", help="the accounting as JSON")
+    audit.add_argument("--expected", nargs="?", const="", metavar="FILE",
+                       help="also compare with the generator's expected counts "
+                            "(default file: <root>/landing/expected_counts.json)")
 
     sql = verb("sql", cmd_sql, "run SQL over the tables by name, e.g. bronze.ad_events")
     sql.add_argument("query")

@@ -16,12 +16,15 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from spark_jobs.config import ConfigError, Settings, interval_seconds, spark_interval
+from spark_jobs.ops import stream_progress
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger(__name__)
+
+PROGRESS_FLUSH_SECONDS = 5.0
 
 # Layer name -> the modules whose ``start`` launch its queries, in dependency order.
 LAYERS: dict[str, tuple[str, ...]] = {
@@ -60,12 +63,17 @@ def _raise_if_failed(queries: Iterable[StreamingQuery]) -> None:
 
 
 def run_available_now(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> None:
-    for layer in layers:
-        queries = _start_layer(spark, settings, layer, {"availableNow": True})
-        for query in queries:
-            query.awaitTermination()
-        _raise_if_failed(queries)
-        log.info("layer %s caught up", layer)
+    recorder = stream_progress.install(spark, settings)
+    try:
+        for layer in layers:
+            queries = _start_layer(spark, settings, layer, {"availableNow": True})
+            for query in queries:
+                query.awaitTermination()
+            _raise_if_failed(queries)
+            log.info("layer %s caught up", layer)
+    finally:
+        spark.streams.removeListener(recorder)
+        recorder.flush(spark, settings)
 
 
 def stop_at_batch_boundary(query: StreamingQuery, patience_seconds: float) -> None:
@@ -83,6 +91,7 @@ def stop_at_batch_boundary(query: StreamingQuery, patience_seconds: float) -> No
 def run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[str],
                      trigger_interval: str, stop: threading.Event) -> None:
     trigger = {"processingTime": spark_interval(trigger_interval)}
+    recorder = stream_progress.install(spark, settings)
     queries = [query for layer in layers
                for query in _start_layer(spark, settings, layer, trigger)]
     try:
@@ -91,11 +100,14 @@ def run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[s
                 _raise_if_failed(queries)
                 raise StreamFailed("a stream stopped on its own: "
                                    + ", ".join(q.name for q in queries if not q.isActive))
-            stop.wait(1.0)
+            recorder.flush(spark, settings)
+            stop.wait(PROGRESS_FLUSH_SECONDS)
     finally:
         patience = max(60.0, 3 * interval_seconds(trigger_interval))
         for query in queries:
             stop_at_batch_boundary(query, patience)
+        spark.streams.removeListener(recorder)
+        recorder.flush(spark, settings)
     _raise_if_failed(queries)
 
 

@@ -96,7 +96,8 @@ def process(spark: SparkSession, files: DataFrame, app_id: str,
         quarantine.append(parsed, settings, app_id, version)
         new_rows = parsed.where(F.col("reason").isNull())
         current = spark.read.format("delta").load(TABLE.path(settings))
-        (versions(current.unionByName(new_rows.select(*current.columns)))
+        inputs = ["ad_id", "campaign_id", "valid_from", "source_file", "ingested_at"]
+        (versions(current.select(inputs).unionByName(new_rows.select(inputs)))
             .write.format("delta").mode("overwrite")
             .options(**idempotent_append_options(app_id, version))
             .save(TABLE.path(settings)))

@@ -1,0 +1,45 @@
+"""Real `lakehouse` processes for integration tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import cli_env, lakehouse_command
+
+
+def committed_versions(table: Path) -> int:
+    log = table / "_delta_log"
+    return len(list(log.glob("*.json"))) if log.exists() else 0
+
+
+def generate(root: Path, *args: str) -> dict[str, object]:
+    done = subprocess.run(lakehouse_command("generate", "--root", str(root), *args),
+                          env=cli_env(), capture_output=True, text=True, timeout=120,
+                          check=True)
+    return json.loads(done.stdout)["generated"]
+
+
+def start_stream(root: Path, layers: str, *args: str, files_per_batch: int = 1
+                 ) -> subprocess.Popen[bytes]:
+    """A stream in its own process group, so a test can kill the driver and its JVM."""
+    # One file per micro-batch by default: many commits to die between (or inside).
+    env = cli_env(LAKEHOUSE_MAX_FILES_PER_TRIGGER=str(files_per_batch))
+    return subprocess.Popen(
+        lakehouse_command("stream", "--root", str(root), "--layers", layers, *args),
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def wait_for_commits(table: Path, at_least: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 180
+    while committed_versions(table) < at_least:
+        assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+        assert time.monotonic() < deadline, "the stream made no progress"
+        time.sleep(0.2)
+
+
+def run_lakehouse(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(lakehouse_command(*args), env=cli_env(), capture_output=True,
+                          text=True, timeout=timeout)

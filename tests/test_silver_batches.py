@@ -1,0 +1,113 @@
+"""Silver's foreachBatch logic on inline micro-batches: dedup across time, replays, late data."""
+
+import json
+from datetime import datetime, timedelta
+
+from spark_jobs.audit import account
+from spark_jobs.silver import ad_events as silver
+from spark_jobs.silver import quarantine
+from spark_jobs.silver.validation import Rules, validate
+from spark_jobs.tables import ensure_table
+from tests.silver_helpers import INGESTED, bronze_frame
+
+APP = "test-query"
+
+
+def view(event_id: str, when: str = "2026-11-22T11:59:00Z") -> str:
+    return json.dumps({"event_id": event_id, "event_time": when, "event_type": "view",
+                       "ad_id": "ad-1"})
+
+
+def prepare(spark, settings) -> None:
+    for table in (silver.TABLE, quarantine.TABLE):
+        ensure_table(spark, settings, table)
+
+
+def silver_rows(spark, settings) -> list:
+    return spark.read.format("delta").load(silver.TABLE.path(settings)).collect()
+
+
+def quarantine_rows(spark, settings) -> list:
+    return spark.read.format("delta").load(quarantine.TABLE.path(settings)).collect()
+
+
+def test_a_redelivery_days_later_does_not_make_a_second_row(spark, settings) -> None:
+    prepare(spark, settings)
+    first = bronze_frame(spark, [view("e-1")], file_name="monday.jsonl")
+    again = bronze_frame(spark, [view("e-1")], ingested_at=INGESTED + timedelta(days=3),
+                         file_name="thursday.jsonl")
+    silver.process(spark, first, APP, 0, settings=settings)
+    silver.process(spark, again, APP, 1, settings=settings)
+    rows = silver_rows(spark, settings)
+    assert len(rows) == 1
+    assert rows[0].bronze_id == "file:monday.jsonl:1"  # the first delivery is kept
+
+
+def test_duplicates_within_one_batch_keep_the_earliest_delivery(spark, settings) -> None:
+    prepare(spark, settings)
+    batch = bronze_frame(spark, [view("e-1"), view("e-2"), view("e-1")])
+    silver.process(spark, batch, APP, 0, settings=settings)
+    rows = sorted((row.event_id, row.bronze_id) for row in silver_rows(spark, settings))
+    # Same ingestion time: the lower bronze_id (line 1, not line 3) wins.
+    assert rows == [("e-1", "file:inline.jsonl:1"), ("e-2", "file:inline.jsonl:2")]
+
+
+def test_a_replayed_batch_is_not_applied_twice(spark, settings) -> None:
+    prepare(spark, settings)
+    batch = bronze_frame(spark, [view("e-1"), "not json"])
+    # A crash after the quarantine append but before the MERGE committed:
+    quarantine.append(validate(batch, Rules.from_settings(settings)),
+                      settings, APP, 0)
+    # ... then Spark replays batch 0, and once more for good measure.
+    silver.process(spark, batch, APP, 0, settings=settings)
+    silver.process(spark, batch, APP, 0, settings=settings)
+    assert len(quarantine_rows(spark, settings)) == 1
+    assert len(silver_rows(spark, settings)) == 1
+
+
+def test_a_late_event_lands_in_its_own_date(spark, settings) -> None:
+    prepare(spark, settings)
+    batch = bronze_frame(spark, [view("late", when="2026-11-19T08:00:00Z"), view("now")])
+    silver.process(spark, batch, APP, 0, settings=settings)
+    dates = {row.event_id: row.event_date.isoformat() for row in silver_rows(spark, settings)}
+    assert dates == {"late": "2026-11-19", "now": "2026-11-22"}
+    # Three days later the same late event is redelivered: still one row.
+    silver.process(spark, bronze_frame(spark, [view("late", when="2026-11-19T08:00:00Z")],
+                                       ingested_at=INGESTED + timedelta(days=3)),
+                   APP, 1, settings=settings)
+    assert len(silver_rows(spark, settings)) == 2
+
+
+def write_bronze(spark, settings, raws: list[str], ingested_at: datetime = INGESTED) -> None:
+    from spark_jobs.bronze import ad_events as bronze
+
+    ensure_table(spark, settings, bronze.TABLE)
+    (bronze_frame(spark, raws, ingested_at).write.format("delta").mode("append")
+        .save(bronze.TABLE.path(settings)))
+
+
+def test_audit_accounts_for_every_bronze_row(spark, settings) -> None:
+    prepare(spark, settings)
+    raws = [view("e-1"), view("e-2"), view("e-1"), "{}", "[1]"]
+    write_bronze(spark, settings, raws)
+    silver.process(spark, bronze_frame(spark, raws), APP, 0, settings=settings)
+    result = account(spark, settings)
+    # 5 delivered = 2 silver (e-1, e-2) + 2 quarantine ({} and [1]) + 1 duplicate (e-1).
+    assert (result.delivered, result.silver_rows, result.quarantine_rows,
+            result.duplicates) == (5, 2, 2, 1)
+    assert result.quarantine_by_reason == {"empty_record": 1, "not_an_object": 1}
+    assert result.identity_holds
+
+
+def test_audit_fails_on_an_unprocessed_or_doubly_placed_record(spark, settings) -> None:
+    prepare(spark, settings)
+    write_bronze(spark, settings, [view("e-1"), view("e-2")])
+    # Silver saw only the first record: the second is unaccounted for.
+    silver.process(spark, bronze_frame(spark, [view("e-1")]), APP, 0, settings=settings)
+    result = account(spark, settings)
+    assert result.unaccounted == 1 and not result.identity_holds
+    # A silver row forced in twice breaks the identity the other way.
+    (spark.read.format("delta").load(silver.TABLE.path(settings)).write.format("delta")
+        .mode("append").save(silver.TABLE.path(settings)))
+    result = account(spark, settings)
+    assert result.accounted_twice == 1 and not result.identity_holds
