@@ -218,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     overrides: dict[str, Any] = {"root": args.root}
     try:
