@@ -63,17 +63,16 @@ def _raise_if_failed(queries: Iterable[StreamingQuery]) -> None:
 
 
 def run_available_now(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> None:
-    recorder = stream_progress.install(spark, settings)
-    try:
-        for layer in layers:
-            queries = _start_layer(spark, settings, layer, {"availableNow": True})
+    recorder = stream_progress.ProgressRecorder()
+    for layer in layers:
+        queries = _start_layer(spark, settings, layer, {"availableNow": True})
+        try:
             for query in queries:
                 query.awaitTermination()
-            _raise_if_failed(queries)
-            log.info("layer %s caught up", layer)
-    finally:
-        spark.streams.removeListener(recorder)
-        recorder.flush(spark, settings)
+        finally:
+            recorder.flush(spark, settings, queries)
+        _raise_if_failed(queries)
+        log.info("layer %s caught up", layer)
 
 
 def stop_at_batch_boundary(query: StreamingQuery, patience_seconds: float) -> None:
@@ -91,7 +90,7 @@ def stop_at_batch_boundary(query: StreamingQuery, patience_seconds: float) -> No
 def run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[str],
                      trigger_interval: str, stop: threading.Event) -> None:
     trigger = {"processingTime": spark_interval(trigger_interval)}
-    recorder = stream_progress.install(spark, settings)
+    recorder = stream_progress.ProgressRecorder()
     queries = [query for layer in layers
                for query in _start_layer(spark, settings, layer, trigger)]
     try:
@@ -100,14 +99,13 @@ def run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[s
                 _raise_if_failed(queries)
                 raise StreamFailed("a stream stopped on its own: "
                                    + ", ".join(q.name for q in queries if not q.isActive))
-            recorder.flush(spark, settings)
+            recorder.flush(spark, settings, queries)
             stop.wait(PROGRESS_FLUSH_SECONDS)
     finally:
         patience = max(60.0, 3 * interval_seconds(trigger_interval))
         for query in queries:
             stop_at_batch_boundary(query, patience)
-        spark.streams.removeListener(recorder)
-        recorder.flush(spark, settings)
+        recorder.flush(spark, settings, queries)
     _raise_if_failed(queries)
 
 

@@ -6,6 +6,7 @@ from deltalake import DeltaTable as RustDeltaTable
 from spark_jobs import streaming
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
+from spark_jobs.ops import stream_progress
 from spark_jobs.generator import write_atomically
 
 
@@ -62,6 +63,11 @@ def test_stream_lands_plain_gzip_bom_and_invalid_utf8_exactly_once(spark, settin
     land(settings, "three.jsonl", b'{"n":4}\n')
     streaming.run_available_now(spark, settings, ["bronze"])
     assert len(bronze_rows(spark, settings)) == 5
+
+    # Every micro-batch left its progress: three runs, files read 2 + 0 + 1.
+    progress = spark.read.format("delta").load(stream_progress.TABLE.path(settings))
+    batches = progress.where("query_name = 'bronze_ad_events'").collect()
+    assert sum(row.num_input_rows for row in batches) == 3
 
 
 def test_bronze_is_readable_by_another_delta_reader_and_by_name(spark, settings) -> None:

@@ -1,17 +1,15 @@
 """``ops.stream_progress``: one row per completed micro-batch of every stream.
 
-Grain: one row per (query run, batch id). Written from a StreamingQueryListener's buffer by
-the stream runner between batches (a Spark job inside the listener callback would hold up
-the listener bus), and read by the audit and the stream health view.
+Grain: one row per (query run, batch id). Written by the stream runner every few seconds
+and when a stream ends; read by the audit and the stream health view.
 """
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.types import (
     DoubleType,
     LongType,
@@ -26,6 +24,8 @@ from spark_jobs.tables import TableSpec, ensure_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
 
 SCHEMA = StructType([
     StructField("query_name", StringType(), False),
@@ -50,54 +50,50 @@ def _utc(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).replace(tzinfo=None)
 
 
-class ProgressRecorder(StreamingQueryListener):
-    """Buffers every micro-batch's progress until ``flush`` writes it."""
+class ProgressRecorder:
+    """Collects each query's completed micro-batches until ``flush`` writes them.
+
+    It reads ``query.recentProgress`` rather than listening: the listener bus is
+    asynchronous, and a query's last batches could arrive after the runner moved on.
+    """
 
     def __init__(self) -> None:
         self._rows: list[tuple[object, ...]] = []
-        self._lock = threading.Lock()
+        self._seen: set[tuple[str, int]] = set()
 
-    def onQueryStarted(self, event: object) -> None:  # noqa: N802 (Spark's names)
-        pass
+    def collect(self, queries: Iterable[StreamingQuery]) -> None:
+        for query in queries:
+            for progress in query.recentProgress:
+                key = (str(progress.runId), progress.batchId)
+                if key not in self._seen:
+                    self._seen.add(key)
+                    self._rows.append(_row(progress))
 
-    def onQueryIdle(self, event: object) -> None:  # noqa: N802
-        pass
-
-    def onQueryTerminated(self, event: object) -> None:  # noqa: N802
-        pass
-
-    def onQueryProgress(self, event: object) -> None:  # noqa: N802
-        progress = event.progress  # type: ignore[attr-defined]
-        operators = progress.stateOperators or []
-        row = (
-            progress.name or str(progress.id), str(progress.runId), progress.batchId,
-            _utc(progress.timestamp), progress.numInputRows,
-            _finite(progress.inputRowsPerSecond), _finite(progress.processedRowsPerSecond),
-            progress.batchDuration, _utc((progress.eventTime or {}).get("watermark")),
-            sum(op.numRowsTotal for op in operators) if operators else None,
-            sum(op.numRowsDroppedByWatermark for op in operators) if operators else None,
-        )
-        with self._lock:
-            self._rows.append(row)
-
-    def flush(self, spark: SparkSession, settings: Settings) -> int:
-        with self._lock:
-            rows, self._rows = self._rows, []
+    def flush(self, spark: SparkSession, settings: Settings,
+              queries: Iterable[StreamingQuery]) -> int:
+        self.collect(queries)
+        rows, self._rows = self._rows, []
         if rows:
+            ensure_table(spark, settings, TABLE)
             (spark.createDataFrame(rows, SCHEMA).write.format("delta").mode("append")
                 .save(TABLE.path(settings)))
         return len(rows)
 
 
+def _row(progress: StreamingQueryProgress) -> tuple[object, ...]:
+    operators = progress.stateOperators or []
+    return (
+        progress.name or str(progress.id), str(progress.runId), progress.batchId,
+        _utc(progress.timestamp), progress.numInputRows,
+        _finite(progress.inputRowsPerSecond), _finite(progress.processedRowsPerSecond),
+        progress.batchDuration, _utc((progress.eventTime or {}).get("watermark")),
+        sum(op.numRowsTotal for op in operators) if operators else None,
+        sum(op.numRowsDroppedByWatermark for op in operators) if operators else None,
+    )
+
+
 def _finite(value: float | None) -> float | None:
     return value if value is not None and value == value and value != float("inf") else None
-
-
-def install(spark: SparkSession, settings: Settings) -> ProgressRecorder:
-    ensure_table(spark, settings, TABLE)
-    recorder = ProgressRecorder()
-    spark.streams.addListener(recorder)
-    return recorder
 
 
 def latest_per_stream(spark: SparkSession, settings: Settings) -> list[dict[str, object]]:
