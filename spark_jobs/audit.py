@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
 from spark_jobs.generator import ExpectedCounts
-from spark_jobs.ops import stream_progress
+from spark_jobs.ops import late_data, stream_progress
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
@@ -41,6 +41,7 @@ class Accounting:
     unaccounted: int  # bronze rows in no place
     accounted_twice: int  # bronze rows in two places (or twice in one)
     in_flight: dict[str, object] = field(default_factory=dict)
+    late_data: list[dict[str, object]] = field(default_factory=list)  # per layer and date
     streams: list[dict[str, object]] = field(default_factory=list)
     expected: dict[str, object] | None = None
 
@@ -107,6 +108,7 @@ def account(spark: SparkSession, settings: Settings, expected_file: Path | None 
         for frame in (bronze_rows, silver_rows, quarantined):
             frame.unpersist()
     accounting.in_flight = _in_flight(spark, settings)
+    accounting.late_data = late_by_date(spark, settings)
     accounting.streams = [_printable(row) for row in
                           stream_progress.latest_per_stream(spark, settings)]
     if expected_file is not None:
@@ -125,6 +127,18 @@ def _in_flight(spark: SparkSession, settings: Settings) -> dict[str, object]:
     return {"bronze_latest_version": latest,
             "silver_read_bronze_before_version": read_up_to,
             "silver_caught_up": read_up_to is not None and read_up_to > latest}
+
+
+def late_by_date(spark: SparkSession, settings: Settings) -> list[dict[str, object]]:
+    """The ledger per layer and event date: what streaming could not include."""
+    ledger = _table(spark, settings, late_data.TABLE)
+    rows = (ledger.groupBy("layer", "event_date")
+            .agg(F.sum("late_rows").alias("late_rows"),
+                 F.count_if(F.col("repaired_at").isNull()).alias("unrepaired_entries"))
+            .orderBy("layer", "event_date").collect())
+    return [{"layer": row.layer, "event_date": row.event_date.isoformat(),
+             "late_rows": row.late_rows, "repaired": row.unrepaired_entries == 0}
+            for row in rows]
 
 
 def compare_with_expected(accounting: Accounting, expected_file: Path) -> dict[str, object]:
@@ -166,6 +180,10 @@ def render(accounting: Accounting) -> str:
         lines.append(f"in flight: silver has read bronze before version "
                      f"{flight['silver_read_bronze_before_version']}, bronze is at "
                      f"{flight['bronze_latest_version']}: run the audit again once it caught up")
+    for late in accounting.late_data:
+        lines.append(f"late data: {late['late_rows']} rows of {late['event_date']} reached "
+                     f"{late['layer']} after its watermark"
+                     + (" (repaired)" if late["repaired"] else " (not repaired yet)"))
     for stream in accounting.streams:
         lines.append(f"stream {stream['query_name']}: last batch {stream['batch_id']} at "
                      f"{stream['batch_at']}, {stream['num_input_rows']} rows in "

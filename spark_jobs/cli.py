@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,62 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if accounting.identity_holds and accounting.matches_expected else 1
 
 
+def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
+    from spark_jobs import reasons, reprocess
+    from spark_jobs.session import build_spark
+    from spark_jobs.silver.validation import Rules
+
+    ranged = args.first is not None or args.last is not None
+    if sum([ranged, args.quarantine, args.late]) != 1:
+        raise UsageError("give exactly one of: --from and --to, --quarantine, --late")
+    if ranged and (args.first is None or args.last is None):
+        raise UsageError("--from and --to go together")
+    if args.reason and not args.quarantine:
+        raise UsageError("--reason only applies to --quarantine")
+    if args.reason and args.reason not in reasons.PRECEDENCE:
+        raise UsageError(f"unknown reason {args.reason!r}: one of "
+                         f"{', '.join(reasons.PRECEDENCE)}")
+    try:
+        layers = reprocess.parse_layers(args.layers)
+        days = reprocess.DateRange.parse(args.first, args.last) if ranged else None
+    except reprocess.ReprocessError as error:
+        raise UsageError(str(error)) from None
+
+    spark = build_spark(settings, app_name="lakehouse-reprocess")
+    rules = Rules.from_settings(settings)
+    changes: list[reprocess.Change] = []
+    try:
+        if days is not None:
+            if "silver" in layers:
+                changes += reprocess.rebuild_silver(spark, settings, days, rules, args.dry_run)
+            if "gold" in layers:
+                changes += reprocess.rebuild_gold(spark, settings, days, args.dry_run)
+        elif args.quarantine:
+            replay = reprocess.replay_quarantine(spark, settings, rules, args.reason,
+                                                 args.dry_run)
+            changes += replay
+            recovered_dates = sorted(replay[0].rows_after)
+            if "gold" in layers and recovered_dates and not args.dry_run:
+                changes += reprocess.rebuild_gold(spark, settings, reprocess.DateRange(
+                    date.fromisoformat(recovered_dates[0]),
+                    date.fromisoformat(recovered_dates[-1])), False)
+        else:
+            late_dates = reprocess.unrepaired_late_dates(spark, settings)
+            if not late_dates:
+                print("the late-data ledger has no unrepaired dates: nothing to do")
+            for day in late_dates:
+                changes += reprocess.rebuild_gold(spark, settings,
+                                                  reprocess.DateRange(day, day), args.dry_run)
+    finally:
+        spark.stop()
+    if args.json:
+        print(json.dumps({"dry_run": args.dry_run,
+                          "changes": [change.as_json() for change in changes]}, indent=2))
+    elif changes:
+        print(reprocess.render(changes, args.dry_run))
+    return 0
+
+
 def cmd_sql(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs.session import build_spark
     from spark_jobs.tables import register_existing
@@ -209,6 +265,22 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--expected", nargs="?", const="", metavar="FILE",
                        help="also compare with the generator's expected counts "
                             "(default file: <root>/landing/expected_counts.json)")
+
+    rebuild = verb("reprocess", cmd_reprocess,
+                   "rebuild event dates of silver and gold from bronze, idempotently")
+    rebuild.add_argument("--from", dest="first", metavar="YYYY-MM-DD",
+                         help="first event date to rebuild (UTC)")
+    rebuild.add_argument("--to", dest="last", metavar="YYYY-MM-DD",
+                         help="last event date to rebuild, included")
+    rebuild.add_argument("--layers", help="silver,gold (default: both)")
+    rebuild.add_argument("--quarantine", action="store_true",
+                         help="re-validate quarantined records; move those that now pass")
+    rebuild.add_argument("--reason", help="with --quarantine: only records of this reason")
+    rebuild.add_argument("--late", action="store_true",
+                         help="rebuild the dates the late-data ledger lists as unrepaired")
+    rebuild.add_argument("--dry-run", action="store_true",
+                         help="print what would change, write nothing")
+    rebuild.add_argument("--json", action="store_true", help="the changes as JSON")
 
     sql = verb("sql", cmd_sql, "run SQL over the tables by name, e.g. bronze.ad_events")
     sql.add_argument("query")

@@ -59,6 +59,7 @@ class Settings:
     max_files_per_trigger: int
     future_tolerance: str
     derive_missing_event_id: bool
+    extra_event_time_formats: tuple[str, ...]
     watermark_delay: str
     window_duration: str
     attribution_max_gap: str
@@ -104,6 +105,9 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
         if text in ("0", "false", "no", "off"):
             return False
         raise ConfigError(f"{key} must be true or false, not {value!r}")
+    if kind is tuple:  # a TOML list, or comma-separated text from the environment
+        items = value.split(",") if isinstance(value, str) else value
+        return tuple(str(item).strip() for item in items if str(item).strip())
     if kind is int:
         try:
             return int(value)
@@ -113,7 +117,7 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
 
 
 def _field_types() -> dict[str, type]:
-    names = {"bool": bool, "int": int}
+    names = {"bool": bool, "int": int, "tuple[str, ...]": tuple}
     return {f.name: names.get(str(f.type), str) for f in dataclasses.fields(Settings)}
 
 

@@ -9,13 +9,27 @@ old query's batch 0.
 from __future__ import annotations
 
 import json
+import logging
+import random
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from spark_jobs.config import Settings
+
+log = logging.getLogger(__name__)
+Result = TypeVar("Result")
+
+# Compaction, reprocessing and several streams commit to the same tables; a conflicting
+# commit is retried from a fresh snapshot this many times before it is an error.
+CONFLICT_ATTEMPTS = 6
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -60,6 +74,41 @@ def exactly_once_batches(checkpoint: str, process: BatchProcessor
     def write_batch(batch: DataFrame, batch_id: int) -> None:
         if not app_id:
             app_id.append(query_id(checkpoint))
-        process(batch.sparkSession, batch, app_id[0], batch_id)
+        # The writes inside are idempotent, so a retry re-applies only what did not commit.
+        retry_on_conflict(lambda: process(batch.sparkSession, batch, app_id[0], batch_id),
+                          f"micro-batch {batch_id} of {Path(checkpoint).name}")
 
     return write_batch
+
+
+def start_exactly_once(source: DataFrame, settings: Settings, query_name: str,
+                       process: Callable[..., None], trigger: dict[str, object]
+                       ) -> StreamingQuery:
+    """Start ``source`` into ``process(session, batch, app_id, batch_id, settings=…)``, one
+    micro-batch at a time, checkpointed under the query's name."""
+    checkpoint = settings.checkpoint(query_name)
+    return (source.writeStream
+            .queryName(query_name)
+            .foreachBatch(exactly_once_batches(checkpoint, partial(process, settings=settings)))
+            .option("checkpointLocation", checkpoint)
+            .trigger(**trigger)
+            .start())
+
+
+def retry_on_conflict(action: Callable[[], Result], what: str,
+                      attempts: int = CONFLICT_ATTEMPTS) -> Result:
+    """``action()``, retried with jittered backoff when a concurrent Delta commit conflicts
+    with it; the last conflict propagates."""
+    from delta.exceptions import DeltaConcurrentModificationException
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except DeltaConcurrentModificationException as conflict:
+            if attempt == attempts:
+                raise
+            pause = min(0.5 * 2 ** attempt, 15.0) * random.uniform(0.5, 1.0)
+            log.warning("%s: concurrent Delta commit (%s); retry %d of %d in %.1fs", what,
+                        type(conflict).__name__, attempt, attempts - 1, pause)
+            time.sleep(pause)
+    raise AssertionError("unreachable")

@@ -130,6 +130,7 @@ class EventGenerator:
         self.user_ids = [self._uuid() for _ in range(1000)]
         self.page_ids = [self._uuid() for _ in range(100)]
         self._delivered: list[str] = []  # valid records already sent, for redelivery
+        self._recent_views: list[tuple[str, str]] = []  # (user, ad): what clicks follow
         self._sequence = 0
 
     def _uuid(self) -> str:
@@ -170,12 +171,19 @@ class EventGenerator:
         event_type = self.rng.choices(EVENT_TYPES, EVENT_TYPE_WEIGHTS)[0]
         ad_id = (self._uuid() if self.rng.random() < self.mess.unmapped_ad
                  else self.rng.choice(self.ad_ids))
+        user_id = self.rng.choice(self.user_ids)
+        follows_view = self.rng.random() < 0.7  # most clicks follow a view of the same ad
+        if event_type == "click" and follows_view and self._recent_views:
+            user_id, ad_id = self.rng.choice(self._recent_views)
+        elif event_type == "view":
+            self._recent_views.append((user_id, ad_id))
+            del self._recent_views[:-200]
         event: dict[str, object] = {
             "event_id": self._uuid(),
             "event_time": self._time_value(self._event_time(now)),
             "event_type": self.rng.choice((event_type, event_type.upper(), f" {event_type} ")),
             "ad_id": ad_id,
-            "user_id": self.rng.choice(self.user_ids),
+            "user_id": user_id,
             "page_id": (self.rng.choice(NON_ASCII_PAGES) if self.rng.random() < self.mess.non_ascii
                         else self.rng.choice(self.page_ids)),
             "ad_type": self.rng.choice(AD_TYPES),

@@ -30,6 +30,7 @@ PROGRESS_FLUSH_SECONDS = 5.0
 LAYERS: dict[str, tuple[str, ...]] = {
     "bronze": ("spark_jobs.bronze.ad_events",),
     "silver": ("spark_jobs.silver.ad_events", "spark_jobs.silver.ad_campaigns"),
+    "gold": ("spark_jobs.gold.campaign_stats", "spark_jobs.gold.ad_attribution"),
 }
 
 

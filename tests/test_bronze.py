@@ -6,8 +6,8 @@ from deltalake import DeltaTable as RustDeltaTable
 from spark_jobs import streaming
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
-from spark_jobs.ops import stream_progress
 from spark_jobs.generator import write_atomically
+from spark_jobs.ops import stream_progress
 
 
 def lines_of(spark, files: dict[str, str]) -> list[tuple[str, int, str]]:

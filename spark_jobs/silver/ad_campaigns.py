@@ -9,7 +9,6 @@ with reason ``bad_campaign_mapping``, never silently away.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING
 
 from pyspark.sql import Window
@@ -19,7 +18,7 @@ from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 from spark_jobs import reasons
 from spark_jobs.bronze.ad_events import lines_from_files
 from spark_jobs.config import Settings
-from spark_jobs.delta_writes import exactly_once_batches, idempotent_append_options
+from spark_jobs.delta_writes import idempotent_append_options, start_exactly_once
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import parse_event_time
 from spark_jobs.tables import TableSpec, ensure_table
@@ -110,16 +109,9 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
     for table in (TABLE, quarantine.TABLE):
         ensure_table(spark, settings, table)
     settings.landing_campaigns.mkdir(parents=True, exist_ok=True)
-    checkpoint = settings.checkpoint(QUERY_NAME)
-
-    return (spark.readStream.format("text")
-            .option("wholetext", "true")
-            .option("pathGlobFilter", "*.jsonl")
-            .load(str(settings.landing_campaigns))
-            .select("value", F.col("_metadata.file_path").alias("file_path"))
-            .writeStream
-            .queryName(QUERY_NAME)
-            .foreachBatch(exactly_once_batches(checkpoint, partial(process, settings=settings)))
-            .option("checkpointLocation", checkpoint)
-            .trigger(**trigger)
-            .start())
+    new_files = (spark.readStream.format("text")
+                 .option("wholetext", "true")
+                 .option("pathGlobFilter", "*.jsonl")
+                 .load(str(settings.landing_campaigns))
+                 .select("value", F.col("_metadata.file_path").alias("file_path")))
+    return start_exactly_once(new_files, settings, QUERY_NAME, process, trigger)

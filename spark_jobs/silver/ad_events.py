@@ -14,7 +14,6 @@ identifier, so a batch replayed after a crash is not applied twice.
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import TYPE_CHECKING
 
 from pyspark.sql import Window
@@ -31,7 +30,7 @@ from pyspark.sql.types import (
 
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
-from spark_jobs.delta_writes import exactly_once_batches, idempotent_dml
+from spark_jobs.delta_writes import idempotent_dml, start_exactly_once
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
 from spark_jobs.tables import TableSpec, ensure_table
@@ -107,14 +106,7 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
           ) -> StreamingQuery:
     for table in (bronze.TABLE, TABLE, quarantine.TABLE):
         ensure_table(spark, settings, table)
-    checkpoint = settings.checkpoint(QUERY_NAME)
-
-    return (spark.readStream.format("delta")
-            .option("maxBytesPerTrigger", "64m")
-            .load(bronze.TABLE.path(settings))
-            .writeStream
-            .queryName(QUERY_NAME)
-            .foreachBatch(exactly_once_batches(checkpoint, partial(process, settings=settings)))
-            .option("checkpointLocation", checkpoint)
-            .trigger(**trigger)
-            .start())
+    new_bronze_rows = (spark.readStream.format("delta")
+                       .option("maxFilesPerTrigger", settings.max_files_per_trigger)
+                       .load(bronze.TABLE.path(settings)))
+    return start_exactly_once(new_bronze_rows, settings, QUERY_NAME, process, trigger)

@@ -36,10 +36,15 @@ class Rules:
 
     future_tolerance_seconds: float
     derive_missing_event_id: bool
+    # Spark datetime patterns accepted besides the contract's formats, read as UTC: how a
+    # parser fix for a producer's format reaches silver (and reprocessing recovers the
+    # records quarantined before it).
+    extra_time_formats: tuple[str, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Rules:
-        return cls(interval_seconds(settings.future_tolerance), settings.derive_missing_event_id)
+        return cls(interval_seconds(settings.future_tolerance), settings.derive_missing_event_id,
+                   settings.extra_event_time_formats)
 
 
 def _type_of(value: Column) -> Column:
@@ -67,11 +72,15 @@ def _epoch_ms_time(millis: Column) -> Column:
     return F.when(in_range, F.timestamp_millis(millis))
 
 
-def parse_event_time(value: Column) -> Column:
-    """ISO-8601 with Z or an offset, or epoch milliseconds as a number or numeric string."""
+def parse_event_time(value: Column, extra_formats: tuple[str, ...] = ()) -> Column:
+    """ISO-8601 with Z or an offset, or epoch milliseconds as a number or numeric string;
+    then any of ``extra_formats`` (Spark datetime patterns, read as UTC)."""
     text = F.trim(_text(value))
     from_text = (F.when(text.rlike(INTEGER_TEXT), _epoch_ms_time(text.try_cast("long")))
                  .when(text.rlike(ISO_WITH_ZONE), text.try_cast("timestamp")))
+    if extra_formats:
+        from_text = from_text.otherwise(F.coalesce(
+            *[F.try_to_timestamp(text, F.lit(pattern)) for pattern in extra_formats]))
     from_number = _epoch_ms_time(
         F.floor(F.try_variant_get(value, "$", "double")).try_cast("long"))
     return (F.when(_type_of(value) == "STRING", from_text)
@@ -101,7 +110,7 @@ def validate(bronze: DataFrame, rules: Rules) -> DataFrame:
     def field(name: str) -> Column:
         return fields[name]
 
-    event_time = parse_event_time(field("event_time"))
+    event_time = parse_event_time(field("event_time"), rules.extra_time_formats)
     event_type = F.lower(F.trim(_text(field("event_type"))))
     price = parse_price(field("price"))
     id_missing = _blank(field("event_id"))

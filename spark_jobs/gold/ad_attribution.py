@@ -1,0 +1,116 @@
+"""``gold.ad_attribution``: which view led to each click.
+
+Grain: one row per click matched to the latest view of the same ``user_id`` and ``ad_id``
+at most ``attribution_max_gap`` (one hour) before it. A click without such a view has no
+row.
+
+The stream is a stream-stream join of silver's clicks and views with a watermark on each
+side and the time-range condition, so Spark can drop a view from its state once no click
+within the gap can still arrive: state holds about ``attribution_max_gap +
+watermark_delay`` of views. Each micro-batch keeps the latest view per click and MERGEs it
+in; a later micro-batch that finds a later view (it arrived out of order) replaces it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql import Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    DateType,
+    DoubleType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from spark_jobs.config import Settings, spark_interval
+from spark_jobs.delta_writes import idempotent_dml, start_exactly_once
+from spark_jobs.gold.campaign_stats import read_silver_stream
+from spark_jobs.tables import TableSpec, ensure_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+QUERY_NAME = "gold_ad_attribution"
+
+SCHEMA = StructType([
+    StructField("click_event_id", StringType(), False),
+    StructField("click_time", TimestampType(), False),
+    StructField("click_date", DateType(), False),
+    StructField("user_id", StringType(), False),
+    StructField("ad_id", StringType(), False),
+    StructField("view_event_id", StringType(), False),
+    StructField("view_time", TimestampType(), False),
+    StructField("seconds_from_view", DoubleType(), False),
+])
+
+TABLE = TableSpec("gold.ad_attribution", SCHEMA)
+
+
+def clicks(events: DataFrame) -> DataFrame:
+    return events.where("event_type = 'click'").select(
+        F.col("event_id").alias("click_event_id"), F.col("event_time").alias("click_time"),
+        F.col("user_id").alias("click_user_id"), F.col("ad_id").alias("click_ad_id"))
+
+
+def views(events: DataFrame) -> DataFrame:
+    return events.where("event_type = 'view'").select(
+        F.col("event_id").alias("view_event_id"), F.col("event_time").alias("view_time"),
+        F.col("user_id").alias("view_user_id"), F.col("ad_id").alias("view_ad_id"))
+
+
+def candidate_views(click_rows: DataFrame, view_rows: DataFrame, max_gap: str) -> DataFrame:
+    """Every (click, view) of the same user and ad with the view at most ``max_gap`` before
+    the click. Works on batch and streaming frames alike."""
+    condition = F.expr(
+        f"click_user_id = view_user_id AND click_ad_id = view_ad_id "
+        f"AND view_time <= click_time "
+        f"AND view_time >= click_time - INTERVAL {spark_interval(max_gap)}")
+    return click_rows.join(view_rows, condition, "inner")
+
+
+def latest_view_per_click(candidates: DataFrame) -> DataFrame:
+    latest = Window.partitionBy("click_event_id").orderBy(
+        F.desc("view_time"), F.desc("view_event_id"))
+    return (candidates.withColumn("_rank", F.row_number().over(latest)).where("_rank = 1")
+            .select("click_event_id", "click_time", F.to_date("click_time").alias("click_date"),
+                    F.col("click_user_id").alias("user_id"), F.col("click_ad_id").alias("ad_id"),
+                    "view_event_id", "view_time",
+                    ((F.unix_micros("click_time") - F.unix_micros("view_time")) / 1e6)
+                    .alias("seconds_from_view")))
+
+
+def ad_attribution(events: DataFrame, max_gap: str) -> DataFrame:
+    """The batch transform over silver events."""
+    return latest_view_per_click(candidate_views(clicks(events), views(events), max_gap))
+
+
+def upsert(spark: SparkSession, settings: Settings, attributions: DataFrame) -> None:
+    from delta.tables import DeltaTable
+
+    (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")
+        .merge(attributions.alias("s"), "t.click_event_id = s.click_event_id")
+        .whenMatchedUpdateAll(condition="s.view_time > t.view_time")
+        .whenNotMatchedInsertAll()
+        .execute())
+
+
+def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int, *,
+            settings: Settings) -> None:
+    with idempotent_dml(spark, query_id, batch_id):
+        upsert(spark, settings, latest_view_per_click(batch))
+
+
+def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
+          ) -> StreamingQuery:
+    ensure_table(spark, settings, TABLE)
+    delay = spark_interval(settings.watermark_delay)
+    click_rows = clicks(read_silver_stream(spark, settings)).withWatermark("click_time", delay)
+    view_rows = views(read_silver_stream(spark, settings)).withWatermark("view_time", delay)
+    return start_exactly_once(
+        candidate_views(click_rows, view_rows, settings.attribution_max_gap), settings,
+        QUERY_NAME, process, trigger)

@@ -1,0 +1,142 @@
+"""``gold.campaign_stats``: what each campaign's ads did, per event-time window.
+
+Grain: one row per campaign and window (one minute by default; ``window_duration``):
+``views``, ``clicks``, ``purchases`` and ``revenue``. Events count under the campaign their
+ad was mapped to at the event's time, or ``unknown``.
+
+``campaign_stats`` is the one transform; batch recomputation calls it over silver, the
+stream over each micro-batch. The stream adds a micro-batch's counts to the window rows
+with an idempotent MERGE (a late event inside the watermark updates its window's row). An
+event whose window had already closed under the watermark when it arrived is not added:
+it is counted in ``ops.late_data`` by window and date, for reprocessing to repair.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    DecimalType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from spark_jobs.config import Settings, interval_seconds, spark_interval
+from spark_jobs.delta_writes import (
+    idempotent_append_options,
+    idempotent_dml,
+    start_exactly_once,
+)
+from spark_jobs.ops import event_time_watermarks, gold_rebuilds, late_data
+from spark_jobs.silver import ad_campaigns
+from spark_jobs.silver import ad_events as silver
+from spark_jobs.tables import TableSpec, ensure_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+QUERY_NAME = "gold_campaign_stats"
+LAYER = "gold.campaign_stats"
+KEYS = ("campaign_id", "window_start")
+COUNTS = ("views", "clicks", "purchases", "revenue")
+
+SCHEMA = StructType([
+    StructField("campaign_id", StringType(), False),
+    StructField("window_start", TimestampType(), False),
+    StructField("window_end", TimestampType(), False),
+    StructField("views", LongType(), False),
+    StructField("clicks", LongType(), False),
+    StructField("purchases", LongType(), False),
+    StructField("revenue", DecimalType(18, 2), False),
+])
+
+TABLE = TableSpec("gold.campaign_stats", SCHEMA)
+
+
+def event_window(window_duration: str) -> Column:
+    return F.window("event_time", spark_interval(window_duration))
+
+
+def campaign_stats(events: DataFrame, mapping: DataFrame, window_duration: str) -> DataFrame:
+    """Silver events and the SCD2 mapping to one row per campaign and window."""
+    window = event_window(window_duration)
+    return (ad_campaigns.campaign_at(events, mapping)
+            .groupBy("campaign_id", window.alias("window"))
+            .agg(F.count_if(F.col("event_type") == "view").alias("views"),
+                 F.count_if(F.col("event_type") == "click").alias("clicks"),
+                 F.count_if(F.col("event_type") == "purchase").alias("purchases"),
+                 F.coalesce(F.sum(F.when(F.col("event_type") == "purchase", F.col("price"))),
+                            F.lit(0)).cast("decimal(18,2)").alias("revenue"))
+            .select("campaign_id", F.col("window.start").alias("window_start"),
+                    F.col("window.end").alias("window_end"), *COUNTS))
+
+
+def add_to_windows(spark: SparkSession, settings: Settings, stats: DataFrame) -> None:
+    from delta.tables import DeltaTable
+
+    (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")
+        .merge(stats.alias("s"), " AND ".join(f"t.{key} = s.{key}" for key in KEYS))
+        .whenMatchedUpdate(set={name: f"t.{name} + s.{name}" for name in COUNTS})
+        .whenNotMatchedInsertAll()
+        .execute())
+
+
+def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int, *,
+            settings: Settings) -> None:
+    delay = timedelta(seconds=interval_seconds(settings.watermark_delay))
+    watermark = event_time_watermarks.watermark_before(spark, settings, query_id, batch_id, delay)
+    fresh = gold_rebuilds.not_yet_counted(spark, settings, silver.TABLE.path(settings), batch)
+    events = fresh.withColumn("_window", event_window(settings.window_duration)).persist()
+    try:
+        closed = (F.lit(False) if watermark is None
+                  else F.col("_window.end") <= F.lit(watermark))
+        late = (events.where(closed)
+                .groupBy("event_date", F.col("_window.start").alias("window_start"))
+                .agg(F.count("*").alias("late_rows")))
+        (late.select(F.lit(LAYER).alias("layer"), "event_date", "window_start", "late_rows",
+                     F.lit(watermark).cast("timestamp").alias("watermark"),
+                     F.lit(query_id).alias("query_id"), F.lit(batch_id).cast("long")
+                     .alias("batch_id"), F.current_timestamp().alias("recorded_at"),
+                     F.lit(None).cast("timestamp").alias("repaired_at"))
+            .where(F.col("watermark").isNotNull())
+            .write.format("delta").mode("append")
+            .options(**idempotent_append_options(query_id, batch_id))
+            .save(late_data.TABLE.path(settings)))
+
+        mapping = spark.read.format("delta").load(ad_campaigns.TABLE.path(settings))
+        stats = campaign_stats(events.where(~closed).drop("_window"), mapping,
+                               settings.window_duration)
+        with idempotent_dml(spark, query_id, batch_id):
+            add_to_windows(spark, settings, stats)
+
+        latest = events.agg(F.max("event_time").alias("latest")).first().latest
+        event_time_watermarks.record(spark, settings, QUERY_NAME, query_id, batch_id,
+                                     latest, watermark)
+    finally:
+        events.unpersist()
+
+
+def read_silver_stream(spark: SparkSession, settings: Settings) -> DataFrame:
+    """Silver's new rows. Reprocessing rewrites silver dates; gold repairs those itself,
+    so the stream skips such change commits instead of failing on them."""
+    ensure_table(spark, settings, silver.TABLE)
+    return (spark.readStream.format("delta")
+            .option("skipChangeCommits", "true")
+            .option("maxFilesPerTrigger", settings.max_files_per_trigger)
+            .load(silver.TABLE.path(settings)))
+
+
+def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
+          ) -> StreamingQuery:
+    for table in (TABLE, ad_campaigns.TABLE, late_data.TABLE, event_time_watermarks.TABLE,
+                  gold_rebuilds.TABLE):
+        ensure_table(spark, settings, table)
+    return start_exactly_once(read_silver_stream(spark, settings), settings, QUERY_NAME,
+                              process, trigger)

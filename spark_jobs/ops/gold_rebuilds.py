@@ -1,0 +1,58 @@
+"""``ops.gold_rebuilds``: which silver snapshot each reprocessed gold date was rebuilt from.
+
+Grain: one row per (event date, silver version) a reprocess rebuilt ``gold.campaign_stats``
+from. ``campaign_stats`` is additive in the stream, so a live gold stream that is behind
+silver would add again an event the rebuild already counted. The stream therefore drops
+from each micro-batch the events of a rebuilt date that were in silver at the rebuild's
+version: the rebuild counted them, the stream counts only what came after.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from typing import TYPE_CHECKING
+
+from pyspark.sql import functions as F
+from pyspark.sql.types import DateType, LongType, StructField, StructType, TimestampType
+
+from spark_jobs.config import Settings
+from spark_jobs.tables import TableSpec
+
+if TYPE_CHECKING:
+    from datetime import date
+
+    from pyspark.sql import DataFrame, SparkSession
+
+SCHEMA = StructType([
+    StructField("event_date", DateType(), False),
+    StructField("silver_version", LongType(), False),
+    StructField("rebuilt_at", TimestampType(), False),
+])
+
+TABLE = TableSpec("ops.gold_rebuilds", SCHEMA)
+
+
+def record(spark: SparkSession, settings: Settings, days: list[date], silver_version: int
+           ) -> None:
+    """Recorded before gold is replaced, so a stream batch racing the rebuild either sees
+    the record or conflicts with the replace and is retried (and then sees it)."""
+    (spark.createDataFrame([(day, silver_version) for day in days],
+                           "event_date date, silver_version long")
+        .withColumn("rebuilt_at", F.current_timestamp())
+        .write.format("delta").mode("append").save(TABLE.path(settings)))
+
+
+def not_yet_counted(spark: SparkSession, settings: Settings, silver_path: str,
+                    events: DataFrame) -> DataFrame:
+    """``events`` without those a rebuild of their date already counted."""
+    batch_dates = events.select("event_date").distinct()
+    latest_rebuilds = (spark.read.format("delta").load(TABLE.path(settings))
+                       .groupBy("event_date").agg(F.max("silver_version").alias("version"))
+                       .join(batch_dates, "event_date").collect())
+    if not latest_rebuilds:
+        return events
+    counted = reduce(lambda left, right: left.unionByName(right), [
+        spark.read.format("delta").option("versionAsOf", rebuild.version).load(silver_path)
+        .where(F.col("event_date") == F.lit(rebuild.event_date)).select("event_id")
+        for rebuild in latest_rebuilds])
+    return events.join(counted, "event_id", "left_anti")

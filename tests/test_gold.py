@@ -1,0 +1,179 @@
+"""Gold on inline events: window edges, zones, campaign moves, watermarks, attribution."""
+
+from datetime import datetime
+from decimal import Decimal
+
+import pytest
+
+from spark_jobs.audit import late_by_date
+from spark_jobs.gold import ad_attribution, campaign_stats
+from spark_jobs.ops import event_time_watermarks, late_data
+from spark_jobs.silver import ad_campaigns
+from spark_jobs.tables import ensure_table
+
+QUERY = "test-gold-query"
+
+
+def events(spark, rows: list[tuple]):
+    """(event_id, event_time, event_type, ad_id[, user_id[, price]]) as silver rows."""
+    full = [(r[0], r[1], r[1].date(), r[2], r[3], r[4] if len(r) > 4 else "u-1",
+             Decimal(r[5]) if len(r) > 5 else None) for r in rows]
+    return spark.createDataFrame(
+        full, "event_id string, event_time timestamp, event_date date, event_type string, "
+              "ad_id string, user_id string, price decimal(12,2)")
+
+
+def mapping(spark, rows: list[tuple[str, str, datetime]]):
+    frame = spark.createDataFrame(
+        [(ad, campaign, start, "f", start) for ad, campaign, start in rows],
+        "ad_id string, campaign_id string, valid_from timestamp, source_file string, "
+        "ingested_at timestamp")
+    return ad_campaigns.versions(frame)
+
+
+EPOCH = datetime(2026, 1, 1)
+
+
+def at(minute: int, second: int = 0, hour: int = 12) -> datetime:
+    return datetime(2026, 11, 22, hour, minute, second)
+
+
+def stats(spark, rows, mapping_rows=(("ad-1", "c-1", EPOCH),), window="1 minute") -> dict:
+    result = campaign_stats.campaign_stats(events(spark, rows), mapping(spark, list(mapping_rows)),
+                                           window).collect()
+    return {(r.campaign_id, r.window_start.strftime("%d %H:%M:%S")):
+            (r.views, r.clicks, r.purchases, r.revenue) for r in result}
+
+
+def test_window_edges(spark) -> None:
+    result = stats(spark, [
+        ("a", datetime(2026, 11, 22, 10, 0, 59, 999000), "view", "ad-1"),  # last ms of 10:00
+        ("b", datetime(2026, 11, 22, 10, 1, 0), "view", "ad-1"),  # first instant of 10:01
+        ("c", datetime(2026, 11, 22, 23, 59, 59, 999000), "click", "ad-1"),  # before midnight
+        ("d", datetime(2026, 11, 23, 0, 0, 0), "purchase", "ad-1", "u", "9.99"),  # after
+    ])
+    assert result == {
+        ("c-1", "22 10:00:00"): (1, 0, 0, Decimal("0.00")),
+        ("c-1", "22 10:01:00"): (1, 0, 0, Decimal("0.00")),
+        ("c-1", "22 23:59:00"): (0, 1, 0, Decimal("0.00")),
+        ("c-1", "23 00:00:00"): (0, 0, 1, Decimal("9.99")),
+    }
+
+
+def test_ten_second_windows_are_one_setting_away(spark) -> None:
+    result = stats(spark, [("a", datetime(2026, 11, 22, 10, 0, 9), "view", "ad-1"),
+                           ("b", datetime(2026, 11, 22, 10, 0, 10), "view", "ad-1")],
+                   window="10 seconds")
+    assert set(result) == {("c-1", "22 10:00:00"), ("c-1", "22 10:00:10")}
+
+
+def test_campaign_moved_mid_window_splits_the_window_and_unmapped_is_unknown(spark) -> None:
+    move = datetime(2026, 11, 22, 10, 0, 30)
+    result = stats(spark, [
+        ("before", datetime(2026, 11, 22, 10, 0, 29), "view", "ad-1"),
+        ("at-move", move, "view", "ad-1"),
+        ("after", datetime(2026, 11, 22, 10, 0, 45), "click", "ad-1"),
+        ("orphan", datetime(2026, 11, 22, 10, 0, 45), "view", "ad-without-mapping"),
+    ], mapping_rows=[("ad-1", "c-1", EPOCH), ("ad-1", "c-2", move)])
+    zero = Decimal("0.00")
+    assert result == {("c-1", "22 10:00:00"): (1, 0, 0, zero),
+                      ("c-2", "22 10:00:00"): (1, 1, 0, zero),
+                      ("unknown", "22 10:00:00"): (1, 0, 0, zero)}
+
+
+def stream_batches(spark, settings, batches: list[list[tuple]]) -> None:
+    for table in (campaign_stats.TABLE, late_data.TABLE, event_time_watermarks.TABLE,
+                  ad_campaigns.TABLE):
+        ensure_table(spark, settings, table)
+    mapping(spark, [("ad-1", "c-1", EPOCH)]).write.format("delta").mode("overwrite").save(
+        ad_campaigns.TABLE.path(settings))
+    for batch_id, rows in enumerate(batches):
+        campaign_stats.process(spark, events(spark, rows), QUERY, batch_id, settings=settings)
+
+
+def table(spark, settings, spec):
+    return spark.read.format("delta").load(spec.path(settings))
+
+
+def test_late_within_the_watermark_updates_its_window_beyond_it_goes_to_the_ledger(
+        spark, settings) -> None:
+    stream_batches(spark, settings, [
+        [("a", at(0), "view", "ad-1")],
+        [("b", at(30), "view", "ad-1")],  # max event time 12:30: watermark 12:20 from now on
+        [("inside", at(21), "click", "ad-1"),  # window 12:21-12:22 still open
+         ("beyond", at(19, 59), "view", "ad-1")],  # window 12:19-12:20 closed at 12:20
+    ])
+    rows = {r.window_start.strftime("%H:%M"): (r.views, r.clicks)
+            for r in table(spark, settings, campaign_stats.TABLE).collect()}
+    assert rows == {"12:00": (1, 0), "12:30": (1, 0), "12:21": (0, 1)}
+    ledger = table(spark, settings, late_data.TABLE).collect()
+    assert [(r.layer, r.window_start.strftime("%H:%M"), r.late_rows, r.event_date.isoformat())
+            for r in ledger] == [("gold.campaign_stats", "12:19", 1, "2026-11-22")]
+    assert ledger[0].watermark == at(20)
+    # The audit shows it per layer and date.
+    assert late_by_date(spark, settings) == [{"layer": "gold.campaign_stats",
+                                              "event_date": "2026-11-22", "late_rows": 1,
+                                              "repaired": False}]
+
+
+def test_late_inside_the_watermark_upserts_the_same_row(spark, settings) -> None:
+    stream_batches(spark, settings, [
+        [("a", at(5), "view", "ad-1")],
+        [("b", at(12), "view", "ad-1")],  # watermark 12:02 from now on
+        [("c", at(5, 40), "view", "ad-1")],  # late for 12:05, but inside: same row, 2 views
+    ])
+    rows = table(spark, settings, campaign_stats.TABLE).where(
+        "window_start = '2026-11-22 12:05:00'").collect()
+    assert [r.views for r in rows] == [2]
+
+
+def test_a_replayed_gold_batch_changes_nothing(spark, settings) -> None:
+    t = datetime(2026, 11, 22, 12, 0)
+    stream_batches(spark, settings, [[("a", t, "view", "ad-1")]])
+    campaign_stats.process(spark, events(spark, [("a", t, "view", "ad-1")]), QUERY, 0,
+                           settings=settings)
+    assert [r.views for r in table(spark, settings, campaign_stats.TABLE).collect()] == [1]
+
+
+@pytest.fixture(scope="module")
+def attribution(spark) -> dict:
+    rows = [
+        ("v-old", at(0, hour=10), "view", "ad-1", "u-1"),
+        ("v-mid", at(10, hour=10), "view", "ad-1", "u-1"),
+        ("v-new", at(20, hour=10), "view", "ad-1", "u-1"),
+        ("c-several", at(30, hour=10), "click", "ad-1", "u-1"),  # 3 views before: latest wins
+        ("c-alone", at(30, hour=10), "click", "ad-2", "u-1"),  # no view of ad-2: no row
+        ("v-other-user", at(25, hour=10), "view", "ad-3", "u-2"),
+        ("c-other-user", at(26, hour=10), "click", "ad-3", "u-3"),  # another user viewed
+        ("v-far", at(0, hour=8), "view", "ad-4", "u-1"),
+        ("c-61-minutes", at(1, hour=9), "click", "ad-4", "u-1"),  # 61 min after: too far
+        ("v-exact", at(0, hour=12), "view", "ad-5", "u-1"),
+        ("c-60-minutes", at(0, hour=13), "click", "ad-5", "u-1"),  # exactly one hour: in
+    ]
+    result = ad_attribution.ad_attribution(events(spark, rows), "1 hour").collect()
+    return {r.click_event_id: (r.view_event_id, r.seconds_from_view) for r in result}
+
+
+def test_click_gets_the_latest_view_within_the_hour(attribution) -> None:
+    assert attribution["c-several"] == ("v-new", 600.0)
+    assert attribution["c-60-minutes"] == ("v-exact", 3600.0)
+
+
+def test_clicks_without_a_view_in_reach_have_no_row(attribution) -> None:
+    assert set(attribution) == {"c-several", "c-60-minutes"}
+
+
+def test_time_zones_land_in_their_utc_window(spark) -> None:
+    from spark_jobs.silver import ad_events as silver
+    from spark_jobs.silver.validation import Rules, validate
+    from tests.silver_helpers import bronze_frame
+
+    raws = [f'{{"event_id":"{n}","event_time":{time},"event_type":"view","ad_id":"ad-1"}}'
+            for n, time in enumerate(['"2026-11-22T15:30:30+05:30"',  # 10:00:30 UTC
+                                      '"2026-11-22T05:00:59.999-05:00"',  # 10:00:59.999 UTC
+                                      "1763805660000"])]  # 2025-11-22 10:01:00 UTC
+    valid = silver.accepted(validate(bronze_frame(spark, raws), Rules(86400 * 400, False)))
+    result = campaign_stats.campaign_stats(valid, mapping(spark, [("ad-1", "c-1", EPOCH)]),
+                                           "1 minute").collect()
+    assert sorted((r.window_start.isoformat(), r.views) for r in result) == [
+        ("2025-11-22T10:01:00", 1), ("2026-11-22T10:00:00", 2)]
