@@ -97,6 +97,7 @@ def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs import streaming
+    from spark_jobs.ops.leases import LeaseHeld
     from spark_jobs.session import build_spark
 
     layers = streaming.parse_layers(args.layers)
@@ -109,12 +110,45 @@ def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
             streaming.run_available_now(spark, settings, layers)
         else:
             streaming.run_continuously(spark, settings, layers, trigger, stop)
-    except streaming.StreamFailed as error:
+    except (streaming.StreamFailed, LeaseHeld) as error:
         print(f"lakehouse stream: {error}", file=sys.stderr)
         return 1
     finally:
         spark.stop()
     return 0
+
+
+def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
+    """Graceful stop for upgrades: every running stream stops at a batch boundary."""
+    import time
+
+    from spark_jobs.ops.leases import holder
+    from spark_jobs.streaming import LAYERS, request_stop
+
+    print(f"stop requested: {request_stop(settings)}")
+    deadline = time.monotonic() + args.wait
+    while True:
+        running = {layer: who for layer in LAYERS if (who := holder(settings, layer))}
+        if not running:
+            print("no stream is running")
+            return 0
+        if time.monotonic() >= deadline:
+            print(f"still running after {args.wait:g}s: {running}", file=sys.stderr)
+            return 1
+        time.sleep(1)
+
+
+def cmd_airflow(settings: Settings, args: argparse.Namespace) -> int:
+    import os
+
+    from spark_jobs.airflow_env import environment
+
+    command = args.airflow_args[1:] if args.airflow_args[:1] == ["--"] else args.airflow_args
+    env = environment(settings)
+    Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
+    airflow = str(Path(sys.executable).parent / "airflow")
+    os.execve(airflow, [airflow, *command], env)
+    return 0  # not reached
 
 
 def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
@@ -258,6 +292,17 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--available-now", action="store_true",
                         help="process everything present, then exit")
     stream.add_argument("--trigger", help="micro-batch interval, e.g. 5s (continuous mode)")
+
+    stop = verb("stop", cmd_stop,
+                "stop every running stream of the root at a batch boundary (for upgrades)")
+    stop.add_argument("--wait", type=float, default=300.0,
+                      help="seconds to wait for the streams to exit (default 300)")
+
+    airflow = verb("airflow", cmd_airflow,
+                   "run an airflow command in the lakehouse's Airflow environment, e.g. "
+                   "'lakehouse airflow standalone'")
+    airflow.add_argument("airflow_args", nargs=argparse.REMAINDER,
+                         help="the airflow command and its arguments")
 
     audit = verb("audit", cmd_audit,
                  "account for every bronze record: silver, quarantine or duplicate")

@@ -19,6 +19,7 @@ from typing import Any
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 SOURCES = ("files", "kafka")
+STREAMING_MODES = ("continuous", "scheduled")
 _INTERVAL = re.compile(r"^\s*(\d+)\s*(ms|millisecond|second|minute|hour|day|s|m|h|d)s?\s*$")
 _UNIT_SECONDS = {
     "ms": 0.001, "millisecond": 0.001, "s": 1, "second": 1,
@@ -57,6 +58,9 @@ class Settings:
     jars_dir: Path
     trigger_interval: str
     max_files_per_trigger: int
+    stall_trigger_intervals: int
+    streaming_mode: str
+    streaming_schedule: str
     future_tolerance: str
     derive_missing_event_id: bool
     extra_event_time_formats: tuple[str, ...]
@@ -147,7 +151,10 @@ def load(overrides: Mapping[str, Any] | None = None,
 def _validated(values: dict[str, Any]) -> Settings:
     if values["source"] not in SOURCES:
         raise ConfigError(f"source must be one of {', '.join(SOURCES)}, not {values['source']!r}")
-    for key in ("shuffle_partitions", "max_files_per_trigger"):
+    if values["streaming_mode"] not in STREAMING_MODES:
+        raise ConfigError(f"streaming_mode must be one of {', '.join(STREAMING_MODES)}, "
+                          f"not {values['streaming_mode']!r}")
+    for key in ("shuffle_partitions", "max_files_per_trigger", "stall_trigger_intervals"):
         if values[key] < 1:
             raise ConfigError(f"{key} must be at least 1, not {values[key]}")
     for key in ("trigger_interval", "future_tolerance", "watermark_delay",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from spark_jobs.config import ConfigError, Settings
@@ -43,7 +44,10 @@ def build_spark(settings: Settings, app_name: str = "lakehouse") -> SparkSession
     """A SparkSession with Delta, RocksDB state and the project's defaults."""
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master(settings.spark_master).appName(app_name)
+    builder = SparkSession.builder.appName(app_name)
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # Not under spark-submit, whose --master (Airflow's Spark connection) must win.
+        builder = builder.master(settings.spark_master)
     for key, value in spark_conf(settings).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -2,7 +2,8 @@
 
 ``--available-now`` runs the layers one after another, each to completion, so silver sees
 all of bronze and gold all of silver. Continuous mode starts them side by side and, on
-SIGTERM or SIGINT, stops each query between two micro-batches.
+SIGTERM, SIGINT or a stop request (``lakehouse stop``), stops each query between two
+micro-batches. Either way the driver holds each layer's lease while it runs.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spark_jobs.config import ConfigError, Settings, interval_seconds, spark_interval
-from spark_jobs.ops import stream_progress
+from spark_jobs.ops import heartbeat, stream_progress
+from spark_jobs.ops.leases import leases
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -64,6 +68,11 @@ def _raise_if_failed(queries: Iterable[StreamingQuery]) -> None:
 
 
 def run_available_now(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> None:
+    with leases(settings, layers):
+        _run_available_now(spark, settings, layers)
+
+
+def _run_available_now(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> None:
     recorder = stream_progress.ProgressRecorder()
     for layer in layers:
         queries = _start_layer(spark, settings, layer, {"availableNow": True})
@@ -77,19 +86,50 @@ def run_available_now(spark: SparkSession, settings: Settings, layers: Sequence[
 
 
 def stop_at_batch_boundary(query: StreamingQuery, patience_seconds: float) -> None:
-    """Stop between micro-batches: wait (bounded) for the running batch to commit first.
+    """Stop between micro-batches: let the running batch commit (bounded wait), then stop.
 
-    Stopping mid-batch would be safe too (checkpoints make the batch replay exactly once),
-    but a clean boundary makes upgrades quick to resume and easy to reason about.
+    When batches run back to back the next one may already have begun; stopping it is
+    safe too (the checkpoint replays it exactly once), so the wait is for one batch only.
     """
+    def last_batch() -> int:
+        progress = query.lastProgress
+        return -1 if progress is None else int(progress["batchId"])
+
+    running = last_batch()
     deadline = time.monotonic() + patience_seconds
-    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-        time.sleep(0.2)
+    while (query.isActive and query.status["isTriggerActive"] and last_batch() == running
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
     query.stop()
+
+
+def stop_request_file(settings: Settings) -> Path:
+    return settings.root / "control" / "stop-request"
+
+
+def request_stop(settings: Settings) -> Path:
+    """Ask every continuous stream of this root that started earlier to stop at a batch
+    boundary; drivers started later (after an upgrade) run normally."""
+    path = stop_request_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(datetime.now(UTC).isoformat() + "\n", encoding="utf-8")
+    return path
+
+
+def _stop_requested_since(settings: Settings, started: float) -> bool:
+    path = stop_request_file(settings)
+    return path.exists() and path.stat().st_mtime >= started
 
 
 def run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[str],
                      trigger_interval: str, stop: threading.Event) -> None:
+    with leases(settings, layers):
+        _run_continuously(spark, settings, layers, trigger_interval, stop)
+
+
+def _run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[str],
+                      trigger_interval: str, stop: threading.Event) -> None:
+    started = time.time()
     trigger = {"processingTime": spark_interval(trigger_interval)}
     recorder = stream_progress.ProgressRecorder()
     queries = [query for layer in layers
@@ -101,13 +141,19 @@ def run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[s
                 raise StreamFailed("a stream stopped on its own: "
                                    + ", ".join(q.name for q in queries if not q.isActive))
             recorder.flush(spark, settings, queries)
+            heartbeat.beat(settings, layers, queries)
             stop.wait(PROGRESS_FLUSH_SECONDS)
+            if _stop_requested_since(settings, started):
+                log.info("stop requested (%s): stopping streams at the next batch boundary",
+                         stop_request_file(settings))
+                stop.set()
     finally:
         patience = max(60.0, 3 * interval_seconds(trigger_interval))
         for query in queries:
             stop_at_batch_boundary(query, patience)
         recorder.flush(spark, settings, queries)
     _raise_if_failed(queries)
+    heartbeat.beat(settings, layers, queries, stopped=True)
 
 
 def stop_on_signals() -> threading.Event:

@@ -30,6 +30,15 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     session.stop()
 
 
+@pytest.fixture(autouse=True)
+def no_leftover_streams() -> Iterator[None]:
+    """A failed test must not leave a stream running into the next one."""
+    from tests.processes import kill_leftovers
+
+    yield
+    kill_leftovers()
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return make_settings(tmp_path / "lake")

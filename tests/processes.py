@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 from tests.conftest import cli_env, lakehouse_command
+
+STARTED: list[subprocess.Popen[bytes]] = []
+
+
+def kill_leftovers() -> None:
+    """Kill the process group of every stream a test started and did not reap."""
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
 
 
 def committed_versions(table: Path) -> int:
@@ -27,9 +42,11 @@ def start_stream(root: Path, layers: str, *args: str, files_per_batch: int = 1
     """A stream in its own process group, so a test can kill the driver and its JVM."""
     # One file per micro-batch by default: many commits to die between (or inside).
     env = cli_env(LAKEHOUSE_MAX_FILES_PER_TRIGGER=str(files_per_batch))
-    return subprocess.Popen(
+    process = subprocess.Popen(
         lakehouse_command("stream", "--root", str(root), "--layers", layers, *args),
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    STARTED.append(process)
+    return process
 
 
 def wait_for_commits(table: Path, at_least: int, process: subprocess.Popen[bytes]) -> None:

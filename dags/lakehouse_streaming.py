@@ -1,0 +1,55 @@
+"""
+### lakehouse_streaming
+
+Carries ad events from the landing zone (or Kafka) into bronze, silver and gold, as one
+Spark driver submitted with `SparkSubmitOperator` on the `lakehouse_spark` connection.
+
+- **continuous** mode (`streaming_mode = "continuous"`, the default): a `@continuous` DAG.
+  `run_streams` runs the streams until stopped; `watch_health` watches their heartbeats
+  and fails the run when a stream stalls or its driver dies, and the next run restarts
+  them. A second driver on the same checkpoints fails fast on the layer's lease.
+  **Graceful stop for an upgrade:** pause this DAG, then `lakehouse stop`: every stream
+  stops at a batch boundary and both tasks succeed.
+- **scheduled** mode: the same job with `--available-now` on `streaming_schedule`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import dag
+
+from lakehouse_airflow.jobs import assets, lakehouse_job
+from lakehouse_airflow.sensors import StreamHealthSensor
+from spark_jobs import config
+
+SETTINGS = config.load()
+CONTINUOUS = SETTINGS.streaming_mode == "continuous"
+PRODUCES = ("bronze.ad_events", "silver.ad_events", "gold.campaign_stats",
+            "gold.ad_attribution")
+
+
+@dag(
+    dag_id="lakehouse_streaming",
+    schedule="@continuous" if CONTINUOUS else SETTINGS.streaming_schedule,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["lakehouse", "streaming"],
+    doc_md=__doc__,
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
+)
+def lakehouse_streaming() -> None:
+    if CONTINUOUS:
+        # A day, then a clean restart (SIGTERM stops at a batch boundary): long-lived but
+        # never unbounded.
+        lakehouse_job("run_streams", "stream", "--layers", "all",
+                      execution_timeout=timedelta(days=1), outlets=assets(*PRODUCES))
+        StreamHealthSensor(task_id="watch_health", retries=0, timeout=86_400,
+                           execution_timeout=timedelta(days=1, minutes=10))
+    else:
+        lakehouse_job("run_streams", "stream", "--layers", "all", "--available-now",
+                      outlets=assets(*PRODUCES))
+
+
+lakehouse_streaming()

@@ -1,0 +1,40 @@
+"""The lakehouse in the Airflow UI: a stream health page and the latest quality report.
+
+Both are served by a small FastAPI app mounted in Airflow's API server under
+``/lakehouse`` and linked from the navigation bar.
+"""
+
+from __future__ import annotations
+
+from airflow.plugins_manager import AirflowPlugin
+from fastapi import FastAPI
+from fastapi.responses import FileResponse, HTMLResponse
+
+from lakehouse_airflow.views import latest_report, stream_health_page
+
+app = FastAPI(title="Lakehouse")
+
+
+@app.get("/health", response_class=HTMLResponse)
+def health() -> str:
+    return stream_health_page()
+
+
+@app.get("/quality", response_model=None)
+def quality() -> FileResponse | HTMLResponse:
+    report = latest_report()
+    if report is None:
+        return HTMLResponse("<p>No data quality report yet: run the lakehouse_quality DAG "
+                            "or <code>lakehouse validate</code>.</p>")
+    return FileResponse(report, media_type="text/html")
+
+
+class LakehousePlugin(AirflowPlugin):
+    name = "lakehouse"
+    fastapi_apps = [{"app": app, "url_prefix": "/lakehouse", "name": "Lakehouse"}]
+    external_views = [
+        {"name": "Stream health", "href": "lakehouse/health", "destination": "nav",
+         "category": "browse", "url_route": "lakehouse-stream-health"},
+        {"name": "Data quality report", "href": "lakehouse/quality", "destination": "nav",
+         "category": "browse", "url_route": "lakehouse-quality"},
+    ]

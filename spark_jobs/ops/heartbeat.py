@@ -1,0 +1,118 @@
+"""Liveness of continuous streams: a heartbeat file per driver, and the health verdict.
+
+``ops.stream_progress`` records micro-batches that moved data; a stream with nothing to do
+is idle, not stalled. The driver therefore writes, every few seconds, each query's latest
+progress event (Spark emits one for idle triggers too) to
+``<root>/control/heartbeat-<layers>.json``. A stream is stalled when that event is older
+than ``stall_trigger_intervals`` trigger intervals, or the file itself stopped changing.
+Plain files and the standard library only: Airflow reads them without Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spark_jobs.config import Settings, interval_seconds
+from spark_jobs.ops.leases import holder
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
+
+# Spark reports an idle query's progress only every 10 s, whatever the trigger.
+MIN_STALL_SECONDS = 30.0
+
+
+def heartbeat_file(settings: Settings, layers: Sequence[str]) -> Path:
+    return settings.root / "control" / f"heartbeat-{'-'.join(layers)}.json"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def beat(settings: Settings, layers: Sequence[str], queries: Iterable[StreamingQuery],
+         stopped: bool = False) -> None:
+    """Write the driver's heartbeat atomically (write, then rename)."""
+    entries = {}
+    for query in queries:
+        progress = query.lastProgress
+        entries[query.name] = {
+            "last_progress_at": progress["timestamp"] if progress else None,
+            "batch_id": progress["batchId"] if progress else None,
+            "active": query.isActive,
+        }
+    path = heartbeat_file(settings, layers)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hidden = path.with_name(f".{path.name}.tmp")
+    hidden.write_text(json.dumps({"pid": os.getpid(), "layers": list(layers),
+                                  "written_at": _now().isoformat(), "stopped": stopped,
+                                  "trigger_interval": settings.trigger_interval,
+                                  "queries": entries}), encoding="utf-8")
+    hidden.replace(path)
+
+
+def _parse(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Health:
+    running: bool  # some driver holds a lease and beats
+    stopped_cleanly: bool  # every heartbeat says its driver stopped on request
+    problems: list[str]
+
+
+def stall_after(settings: Settings) -> timedelta:
+    seconds = interval_seconds(settings.trigger_interval) * settings.stall_trigger_intervals
+    return timedelta(seconds=max(seconds, MIN_STALL_SECONDS))
+
+
+def _heartbeats(settings: Settings) -> list[dict]:
+    return [json.loads(path.read_text("utf-8"))
+            for path in sorted((settings.root / "control").glob("heartbeat-*.json"))]
+
+
+def live_drivers(settings: Settings) -> list[dict[str, object]]:
+    """The lease holders (pid, host, since) of every layer a heartbeat names."""
+    layers = sorted({layer for beat in _heartbeats(settings) for layer in beat["layers"]})
+    return [who for layer in layers if (who := holder(settings, layer))]
+
+
+def health(settings: Settings, now: datetime | None = None) -> Health:
+    """The verdict over every driver's heartbeat under the root."""
+    now = now or _now()
+    limit = stall_after(settings)
+    problems: list[str] = []
+    beats = _heartbeats(settings)
+    running = False
+    for heartbeat in beats:
+        layers = heartbeat["layers"]
+        alive = any(holder(settings, layer) for layer in layers)
+        running = running or alive
+        if heartbeat["stopped"]:
+            continue
+        if not alive:
+            problems.append(f"the driver of {', '.join(layers)} exited without a stop request")
+            continue
+        written = _parse(heartbeat["written_at"])
+        if written is None or now - written > limit:
+            problems.append(f"the driver of {', '.join(layers)} stopped beating "
+                            f"(last heartbeat {heartbeat['written_at']})")
+        for name, query in heartbeat["queries"].items():
+            progressed = _parse(query["last_progress_at"])
+            if not query["active"]:
+                problems.append(f"stream {name} is not active")
+            elif progressed is not None and now - progressed > limit:
+                problems.append(f"stream {name} stalled: no progress since {progressed:%F %T}Z "
+                                f"(limit {limit})")
+    stopped_cleanly = bool(beats) and all(beat["stopped"] for beat in beats)
+    return Health(running, stopped_cleanly, problems)

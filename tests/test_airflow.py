@@ -1,0 +1,169 @@
+"""Real Airflow: the DagBag, `airflow dags test` submitting real Spark jobs, and the
+supervision parts (leases, graceful stop, health verdict)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from spark_jobs.airflow_env import environment
+from spark_jobs.config import PROJECT_DIR
+from spark_jobs.ops import heartbeat
+from tests.conftest import cli_env, lakehouse_command, make_settings
+from tests.processes import generate, run_lakehouse, start_stream
+
+pytestmark = pytest.mark.integration
+
+DAG_IDS = {"lakehouse_streaming", "lakehouse_reprocess"}
+
+DAGBAG_REPORT = """
+import json
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag()
+print(json.dumps({
+    "errors": {path: str(error) for path, error in bag.import_errors.items()},
+    "dags": {dag_id: {
+        "tags": sorted(dag.tags), "doc_md": bool(dag.doc_md), "catchup": dag.catchup,
+        "tasks": {task.task_id: {"retries": task.retries,
+                                 "timeout": bool(task.execution_timeout)}
+                  for task in dag.tasks}}
+        for dag_id, dag in bag.dags.items()}}))
+"""
+
+
+def airflow(root, *args: str, timeout: int = 600, **extra: str):
+    env = environment(make_settings(root), cli_env(**extra))
+    return subprocess.run(lakehouse_command("airflow", "--root", str(root), *args), env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def dagbag_report(root, **extra: str) -> dict:
+    env = environment(make_settings(root), cli_env(**extra))
+    done = subprocess.run([sys.executable, "-c", DAGBAG_REPORT], env=env, capture_output=True,
+                          text=True, timeout=300, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["continuous", "scheduled"])
+def test_every_dag_parses_with_retries_timeouts_tags_and_docs(tmp_path, mode) -> None:
+    report = dagbag_report(tmp_path / "lake", LAKEHOUSE_STREAMING_MODE=mode)
+    assert report["errors"] == {}
+    assert set(report["dags"]) >= DAG_IDS
+    for dag_id, dag in report["dags"].items():
+        assert "lakehouse" in dag["tags"] and dag["doc_md"] and dag["catchup"] is False, dag_id
+        for task_id, task in dag["tasks"].items():
+            assert task["retries"] >= 0 and task["timeout"], f"{dag_id}.{task_id}"
+    streaming_tasks = set(report["dags"]["lakehouse_streaming"]["tasks"])
+    # Continuous mode is supervised by the health sensor; scheduled mode needs none.
+    assert streaming_tasks == ({"run_streams", "watch_health"} if mode == "continuous"
+                               else {"run_streams"})
+
+
+@pytest.fixture(scope="module")
+def airflow_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("airflow") / "lake"
+    migrated = airflow(root, "db", "migrate")
+    assert migrated.returncode == 0, migrated.stderr[-2000:]
+    return root
+
+
+def test_dags_run_for_real_streaming_then_reprocess(airflow_root) -> None:
+    root = airflow_root
+    generate(root, "--events", "1500", "--seed", "3")
+    streamed = airflow(root, "dags", "test", "lakehouse_streaming",
+                       LAKEHOUSE_STREAMING_MODE="scheduled")
+    assert streamed.returncode == 0, streamed.stdout[-3000:]
+    assert "state=success" in streamed.stdout + streamed.stderr
+    # The submitted Spark job streamed every layer: the accounting matches the generator.
+    audit = run_lakehouse("audit", "--root", str(root), "--expected")
+    assert audit.returncode == 0, audit.stdout
+
+    today = datetime.now(UTC).date()
+    conf = json.dumps({"from": str(today - timedelta(days=7)), "to": str(today)})
+    reprocessed = airflow(root, "dags", "test", "lakehouse_reprocess", "-c", conf)
+    output = reprocessed.stdout + reprocessed.stderr
+    assert reprocessed.returncode == 0, output[-3000:]
+    assert "state=success" in output and "reprocessed" in output
+    assert run_lakehouse("audit", "--root", str(root)).returncode == 0
+
+    # The stream health page of the UI plugin renders from the same tables.
+    page = subprocess.run(
+        [sys.executable, "-c", "from lakehouse_airflow.views import stream_health_page; "
+                               "print(stream_health_page())"],
+        env={**environment(make_settings(root), cli_env()),
+             "PYTHONPATH": str(PROJECT_DIR / "plugins")},
+        capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "silver_ad_events" in page and "gold_campaign_stats" in page
+
+
+def test_bad_params_are_refused_by_name(airflow_root) -> None:
+    refused = airflow(airflow_root, "dags", "test", "lakehouse_reprocess", "-c",
+                      json.dumps({"from": "21/11/2026"}))
+    assert refused.returncode != 0
+    assert "Invalid input for param from" in refused.stdout + refused.stderr
+
+
+def wait_for(condition, what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+def test_one_driver_per_stream_and_a_graceful_stop(tmp_path) -> None:
+    root = tmp_path / "lake"
+    settings = make_settings(root)
+    generate(root, "--events", "400", "--events-per-file", "100")
+    first = start_stream(root, "bronze", "--trigger", "1s")
+    beat_file = heartbeat.heartbeat_file(settings, ["bronze"])
+    wait_for(beat_file.exists, "the stream never wrote a heartbeat")
+    assert heartbeat.health(settings).running
+
+    # A second driver on the same checkpoint fails fast, naming the first.
+    second = subprocess.run(lakehouse_command("stream", "--root", str(root), "--layers",
+                                              "bronze"),
+                            env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1
+    assert "already running under another driver" in second.stderr
+    assert f'"pid": {first.pid}' in second.stderr
+
+    stop = run_lakehouse("stop", "--root", str(root), "--wait", "180")
+    assert stop.returncode == 0, stop.stderr
+    assert first.wait(timeout=60) == 0
+    verdict = heartbeat.health(settings)
+    assert verdict.stopped_cleanly and not verdict.running and not verdict.problems
+
+
+def write_heartbeat(settings, *, written_at: datetime, progress_at: datetime,
+                    stopped: bool = False) -> None:
+    path = heartbeat.heartbeat_file(settings, ["silver"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "pid": os.getpid(), "layers": ["silver"], "written_at": written_at.isoformat(),
+        "stopped": stopped, "trigger_interval": "5 seconds",
+        "queries": {"silver_ad_events": {"last_progress_at": progress_at.isoformat(),
+                                         "batch_id": 7, "active": True}}}))
+
+
+def test_health_verdicts(tmp_path) -> None:
+    from spark_jobs.ops.leases import leases
+
+    settings = make_settings(tmp_path / "lake")
+    now = datetime.now(UTC)
+    # 24 trigger intervals of 5 s: stalled after two minutes without progress.
+    assert heartbeat.stall_after(settings) == timedelta(minutes=2)
+    with leases(settings, ["silver"]):
+        write_heartbeat(settings, written_at=now, progress_at=now - timedelta(seconds=30))
+        assert heartbeat.health(settings, now).problems == []
+        write_heartbeat(settings, written_at=now, progress_at=now - timedelta(minutes=3))
+        assert ["stream silver_ad_events stalled" in problem
+                for problem in heartbeat.health(settings, now).problems] == [True]
+    # No driver holds the lease, and it never said it stopped: it died.
+    assert heartbeat.health(settings, now).problems == [
+        "the driver of silver exited without a stop request"]
+    write_heartbeat(settings, written_at=now, progress_at=now, stopped=True)
+    assert heartbeat.health(settings, now).stopped_cleanly
