@@ -226,6 +226,33 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_maintain(settings: Settings, args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from spark_jobs import maintenance
+    from spark_jobs.session import build_spark
+
+    try:
+        tables = maintenance.parse_tables(args.tables)
+    except maintenance.MaintenanceError as error:
+        raise UsageError(str(error)) from None
+    retention = (timedelta(seconds=config.interval_seconds(args.retention))
+                 if args.retention else None)
+    both = not args.optimize and not args.vacuum
+    spark = build_spark(settings, app_name="lakehouse-maintain")
+    try:
+        outcomes = maintenance.maintain(
+            spark, settings, tables, run_optimize=args.optimize or both,
+            run_vacuum=args.vacuum or both, retention=retention, dry_run=args.dry_run)
+    except maintenance.MaintenanceError as error:
+        raise UsageError(str(error)) from None
+    finally:
+        spark.stop()
+    print(json.dumps([o.as_json() for o in outcomes], indent=2, default=str) if args.json
+          else maintenance.render(outcomes))
+    return 0
+
+
 def cmd_sql(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs.session import build_spark
     from spark_jobs.tables import register_existing
@@ -326,6 +353,18 @@ def build_parser() -> argparse.ArgumentParser:
     rebuild.add_argument("--dry-run", action="store_true",
                          help="print what would change, write nothing")
     rebuild.add_argument("--json", action="store_true", help="the changes as JSON")
+
+    maintain = verb("maintain", cmd_maintain,
+                    "compact, cluster and vacuum tables, safely beside the live streams")
+    maintain.add_argument("--tables", help="comma-separated table names (default: all)")
+    maintain.add_argument("--optimize", action="store_true",
+                          help="bin-packing and Z-ordering (default: with --vacuum, both)")
+    maintain.add_argument("--vacuum", action="store_true",
+                          help="delete unreferenced files older than the retention")
+    maintain.add_argument("--retention", help="VACUUM retention, e.g. '10 days' (default and "
+                          "minimum: time-travel window or longest stream lag plus margin)")
+    maintain.add_argument("--dry-run", action="store_true", help="measure, change nothing")
+    maintain.add_argument("--json", action="store_true", help="the figures as JSON")
 
     sql = verb("sql", cmd_sql, "run SQL over the tables by name, e.g. bronze.ad_events")
     sql.add_argument("query")

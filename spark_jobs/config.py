@@ -60,6 +60,8 @@ class Settings:
     max_files_per_trigger: int
     stall_trigger_intervals: int
     streaming_mode: str
+    time_travel_window: str
+    vacuum_safety_margin: str
     streaming_schedule: str
     future_tolerance: str
     derive_missing_event_id: bool
@@ -158,7 +160,8 @@ def _validated(values: dict[str, Any]) -> Settings:
         if values[key] < 1:
             raise ConfigError(f"{key} must be at least 1, not {values[key]}")
     for key in ("trigger_interval", "future_tolerance", "watermark_delay",
-                "window_duration", "attribution_max_gap"):
+                "window_duration", "attribution_max_gap", "time_travel_window",
+                "vacuum_safety_margin"):
         interval_seconds(values[key])
     values["root"] = Path(values["root"]).expanduser().resolve()
     values["jars_dir"] = (Path(values["jars_dir"]).expanduser().resolve() if values["jars_dir"]

@@ -99,12 +99,14 @@ def retry_on_conflict(action: Callable[[], Result], what: str,
                       attempts: int = CONFLICT_ATTEMPTS) -> Result:
     """``action()``, retried with jittered backoff when a concurrent Delta commit conflicts
     with it; the last conflict propagates."""
-    from delta.exceptions import DeltaConcurrentModificationException
+    from delta import exceptions
 
+    # Delta's Python conflict exceptions are siblings, not subclasses of one another.
+    conflicts = tuple(getattr(exceptions, name) for name in exceptions.__all__)
     for attempt in range(1, attempts + 1):
         try:
             return action()
-        except DeltaConcurrentModificationException as conflict:
+        except conflicts as conflict:
             if attempt == attempts:
                 raise
             pause = min(0.5 * 2 ** attempt, 15.0) * random.uniform(0.5, 1.0)

@@ -64,7 +64,7 @@ def _raise_if_failed(queries: Iterable[StreamingQuery]) -> None:
     for query in queries:
         error = query.exception()
         if error is not None:
-            raise StreamFailed(f"stream {query.name} failed: {error.desc.splitlines()[0]}")
+            raise StreamFailed(f"stream {query.name} failed: {str(error).strip().splitlines()[0]}")
 
 
 def run_available_now(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> None:

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import cli_env, lakehouse_command
@@ -60,3 +61,10 @@ def wait_for_commits(table: Path, at_least: int, process: subprocess.Popen[bytes
 def run_lakehouse(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(lakehouse_command(*args), env=cli_env(), capture_output=True,
                           text=True, timeout=timeout)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)

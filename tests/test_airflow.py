@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,11 +13,11 @@ from spark_jobs.airflow_env import environment
 from spark_jobs.config import PROJECT_DIR
 from spark_jobs.ops import heartbeat
 from tests.conftest import cli_env, lakehouse_command, make_settings
-from tests.processes import generate, run_lakehouse, start_stream
+from tests.processes import generate, run_lakehouse, start_stream, wait_for
 
 pytestmark = pytest.mark.integration
 
-DAG_IDS = {"lakehouse_streaming", "lakehouse_reprocess"}
+DAG_IDS = {"lakehouse_streaming", "lakehouse_reprocess", "lakehouse_maintenance"}
 
 DAGBAG_REPORT = """
 import json
@@ -105,13 +104,6 @@ def test_bad_params_are_refused_by_name(airflow_root) -> None:
                       json.dumps({"from": "21/11/2026"}))
     assert refused.returncode != 0
     assert "Invalid input for param from" in refused.stdout + refused.stderr
-
-
-def wait_for(condition, what: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.5)
 
 
 def test_one_driver_per_stream_and_a_graceful_stop(tmp_path) -> None:

@@ -45,6 +45,10 @@ def record(spark: SparkSession, settings: Settings, days: list[date], silver_ver
 def not_yet_counted(spark: SparkSession, settings: Settings, silver_path: str,
                     events: DataFrame) -> DataFrame:
     """``events`` without those a rebuild of their date already counted."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, TABLE.path(settings)):
+        return events  # never rebuilt
     batch_dates = events.select("event_date").distinct()
     latest_rebuilds = (spark.read.format("delta").load(TABLE.path(settings))
                        .groupBy("event_date").agg(F.max("silver_version").alias("version"))

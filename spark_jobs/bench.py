@@ -1,0 +1,160 @@
+"""``make bench``: what maintenance buys, measured side by side in one run.
+
+Writes silver and gold as a stream with many short triggers would (one small append per
+micro-batch), times two selective queries (one ``ad_id`` over a week of silver, one
+campaign over one day of gold), runs ``lakehouse maintain``'s OPTIMIZE, and times them
+again. A third copy is written with Delta's auto compaction on, to measure small files
+avoided at the source. Results go to ``<root>/results.json`` and a short table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs import config
+from spark_jobs.gold import campaign_stats
+from spark_jobs.maintenance import optimize
+from spark_jobs.session import build_spark
+from spark_jobs.silver import ad_events as silver
+from spark_jobs.tables import ensure_table
+
+MICRO_BATCHES = 150
+EVENTS_PER_BATCH = 2_000
+ADS, CAMPAIGNS, DAYS = 400, 40, 7
+REPEATS = 5
+
+
+def silver_batch(spark: SparkSession, batch: int) -> DataFrame:
+    """One micro-batch of silver rows spread over a week, as late and early events are."""
+    first = batch * EVENTS_PER_BATCH
+    rows = spark.range(first, first + EVENTS_PER_BATCH)
+    when = F.timestamp_seconds(F.lit(1_795_000_000) + (F.col("id") * 7919) % (DAYS * 86_400))
+    return rows.select(
+        F.concat(F.lit("e-"), F.col("id").cast("string")).alias("event_id"),
+        when.alias("event_time"), F.to_date(when).alias("event_date"),
+        F.element_at(F.array(F.lit("view"), F.lit("click"), F.lit("purchase")),
+                     (F.col("id") % 3 + 1).cast("int")).alias("event_type"),
+        F.concat(F.lit("u-"), (F.col("id") % 5000).cast("string")).alias("user_id"),
+        F.lit("p-1").alias("page_id"),
+        F.concat(F.lit("ad-"), ((F.col("id") * 31) % ADS).cast("string")).alias("ad_id"),
+        F.lit("banner").alias("ad_type"), F.lit("10.0.0.1").alias("ip_address"),
+        F.when(F.col("id") % 3 == 2, F.lit(9.99)).cast("decimal(12,2)").alias("price"),
+        F.lit(None).cast("string").alias("_rescued"), F.lit(False).alias("event_id_derived"),
+        F.concat(F.lit("file:bench:"), F.col("id").cast("string")).alias("bronze_id"),
+        F.lit("file").alias("source"), when.alias("ingested_at"))
+
+
+def gold_batch(events: DataFrame) -> DataFrame:
+    """A micro-batch's window rows, campaigns by ad."""
+    with_campaign = events.withColumn(
+        "campaign_id", F.concat(F.lit("c-"), (F.expr("hash(ad_id)") % CAMPAIGNS).cast("string")))
+    return (with_campaign.groupBy("campaign_id", F.window("event_time", "1 minute"))
+            .agg(F.count_if(F.col("event_type") == "view").alias("views"),
+                 F.count_if(F.col("event_type") == "click").alias("clicks"),
+                 F.count_if(F.col("event_type") == "purchase").alias("purchases"),
+                 F.coalesce(F.sum("price"), F.lit(0)).cast("decimal(18,2)").alias("revenue"))
+            .select("campaign_id", F.col("window.start").alias("window_start"),
+                    F.col("window.end").alias("window_end"), *campaign_stats.COUNTS))
+
+
+def best_seconds(query: Callable[[], object]) -> float:
+    query()  # warm-up: JIT, snapshot caching
+    timings = []
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        query()
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings)
+
+
+def run(root: Path) -> dict[str, object]:
+    shutil.rmtree(root, ignore_errors=True)
+    settings = config.load({"root": root})
+    spark = build_spark(settings, app_name="lakehouse-bench")
+    silver_path, gold_path = silver.TABLE.path(settings), campaign_stats.TABLE.path(settings)
+    auto_path = str(root / "tables" / "bench" / "silver_auto_compacted")
+    ensure_table(spark, settings, silver.TABLE)
+    ensure_table(spark, settings, campaign_stats.TABLE)
+
+    started = time.perf_counter()
+    for batch in range(MICRO_BATCHES):
+        events = silver_batch(spark, batch).persist()
+        events.write.format("delta").mode("append").save(silver_path)
+        gold_batch(events).write.format("delta").mode("append").save(gold_path)
+        spark.conf.set("spark.databricks.delta.autoCompact.enabled", "true")
+        events.write.format("delta").mode("append").partitionBy("event_date").save(auto_path)
+        spark.conf.unset("spark.databricks.delta.autoCompact.enabled")
+        events.unpersist()
+    write_seconds = time.perf_counter() - started
+
+    week = silver_batch(spark, 0).agg(F.min("event_date"), F.max("event_date")).first()
+    one_day = str(week[0])
+    queries = {
+        "silver: one ad_id over a week": lambda: spark.read.format("delta").load(silver_path)
+        .where((F.col("ad_id") == "ad-17")
+               & F.col("event_date").between(F.lit(week[0]), F.lit(week[1]))).count(),
+        "gold: one campaign over one day": lambda: spark.read.format("delta").load(gold_path)
+        .where((F.col("campaign_id") == "c-7")
+               & (F.to_date("window_start") == F.lit(one_day))).agg(F.sum("views")).first(),
+    }
+    before = {name: best_seconds(query) for name, query in queries.items()}
+    outcomes = [optimize(spark, settings, name, dry_run=False)
+                for name in (silver.TABLE.name, campaign_stats.TABLE.name)]
+    after = {name: best_seconds(query) for name, query in queries.items()}
+    auto_files = int(spark.sql(f"DESCRIBE DETAIL delta.`{auto_path}`").first().numFiles)
+    spark.stop()
+
+    return {
+        "micro_batches": MICRO_BATCHES, "events": MICRO_BATCHES * EVENTS_PER_BATCH,
+        "write_seconds": round(write_seconds, 1),
+        "tables": {o.table: {"files_before": o.files_before, "files_after": o.files_after,
+                             "file_ratio": round(o.files_before / max(o.files_after, 1), 1),
+                             "optimize_seconds": round(o.duration_seconds, 1),
+                             "detail": o.detail} for o in outcomes},
+        "queries": {name: {"seconds_before": round(before[name], 4),
+                           "seconds_after": round(after[name], 4),
+                           "speedup": round(before[name] / after[name], 2)}
+                    for name in queries},
+        "auto_compaction_at_source": {
+            "files_without": outcomes[0].files_before, "files_with": auto_files},
+        "targets": {"file_ratio": 10, "query_speedup": 5},
+    }
+
+
+def render(results: dict) -> str:
+    lines = [f"{results['events']} events in {results['micro_batches']} micro-batches",
+             f"{'table':<22}{'files before':>14}{'after':>8}{'ratio':>8}"]
+    for name, table in results["tables"].items():
+        lines.append(f"{name:<22}{table['files_before']:>14}{table['files_after']:>8}"
+                     f"{table['file_ratio']:>7}x")
+    lines.append(f"{'query':<34}{'before s':>10}{'after s':>10}{'speedup':>9}")
+    for name, query in results["queries"].items():
+        lines.append(f"{name:<34}{query['seconds_before']:>10.3f}"
+                     f"{query['seconds_after']:>10.3f}{query['speedup']:>8}x")
+    auto = results["auto_compaction_at_source"]
+    lines.append(f"silver files written without / with auto compaction: "
+                 f"{auto['files_without']} / {auto['files_with']}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path(".cache/bench"))
+    root = parser.parse_args().root.resolve()
+    results = run(root)
+    (root / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    print(render(results))
+    print(f"results: {root / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Table maintenance: compaction, clustering and VACUUM, safe beside the live streams.
+
+Streams write a few files per micro-batch; analysts filter by campaign, ad and date.
+``OPTIMIZE`` bin-packs the small files and Z-orders each table on the columns its queries
+filter on. Z-ORDER rather than liquid clustering: the tables stay on the plain Delta
+protocol (no clustering or domain-metadata table features), so any Delta reader, delta-rs
+included, keeps reading them; and date partitions already prune the date filters.
+
+``VACUUM`` keeps at least the configured time-travel window and, beyond it, the longest
+time any stream has not read plus a safety margin, because a stream resuming after a pause
+reads files committed while it was away. A shorter retention is refused, not run.
+
+Each run appends before/after figures per table to ``ops.maintenance_history``. A
+conflicting concurrent commit (a stream's MERGE) is retried a bounded number of times;
+the streams retry their side too.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from pyspark.sql.types import (
+    BooleanType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from spark_jobs.bronze import ad_events as bronze
+from spark_jobs.config import Settings, interval_seconds
+from spark_jobs.delta_writes import retry_on_conflict
+from spark_jobs.gold import ad_attribution, campaign_stats
+from spark_jobs.ops import stream_progress
+from spark_jobs.silver import ad_events as silver
+from spark_jobs.silver import quarantine
+from spark_jobs.tables import TableSpec, ensure_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+class MaintenanceError(ValueError):
+    """A request refused as unsafe or unknown; the message is meant for the user."""
+
+
+# Table -> the columns its selective queries filter on (besides its date partition).
+ZORDER_BY: dict[str, tuple[str, ...]] = {
+    bronze.TABLE.name: (),  # raw records: read whole, by ingestion date
+    silver.TABLE.name: ("ad_id",),  # partitioned by event_date; "one ad over a week"
+    quarantine.TABLE.name: (),
+    campaign_stats.TABLE.name: ("campaign_id", "window_start"),  # "one campaign, one day"
+    ad_attribution.TABLE.name: ("ad_id", "click_time"),
+}
+TABLES: dict[str, TableSpec] = {spec.name: spec for spec in (
+    bronze.TABLE, silver.TABLE, quarantine.TABLE, campaign_stats.TABLE, ad_attribution.TABLE)}
+
+HISTORY_SCHEMA = StructType([
+    StructField("run_at", TimestampType(), False),
+    StructField("table_name", StringType(), False),
+    StructField("operation", StringType(), False),  # optimize | vacuum
+    StructField("dry_run", BooleanType(), False),
+    StructField("duration_seconds", DoubleType(), False),
+    StructField("files_before", LongType(), False),
+    StructField("files_after", LongType(), False),
+    StructField("bytes_before", LongType(), False),
+    StructField("bytes_after", LongType(), False),
+    StructField("detail", StringType()),
+])
+HISTORY = TableSpec("ops.maintenance_history", HISTORY_SCHEMA)
+
+
+@dataclass
+class Outcome:
+    table: str
+    operation: str
+    dry_run: bool
+    duration_seconds: float
+    files_before: int
+    files_after: int
+    bytes_before: int
+    bytes_after: int
+    detail: str = ""
+
+    def row(self, run_at: datetime) -> tuple[object, ...]:
+        return (run_at, self.table, self.operation, self.dry_run, self.duration_seconds,
+                self.files_before, self.files_after, self.bytes_before, self.bytes_after,
+                self.detail)
+
+    def as_json(self) -> dict[str, object]:
+        return dict(zip(HISTORY_SCHEMA.fieldNames()[1:], self.row(datetime.now())[1:],
+                        strict=True))
+
+
+def parse_tables(text: str | None) -> list[str]:
+    names = [name.strip() for name in (text or ",".join(TABLES)).split(",") if name.strip()]
+    unknown = [name for name in names if name not in TABLES]
+    if unknown or not names:
+        raise MaintenanceError(f"unknown table(s) {', '.join(unknown) or '(none)'}: "
+                               f"choose from {', '.join(TABLES)}")
+    return names
+
+
+def _size(spark: SparkSession, path: str) -> tuple[int, int]:
+    from delta.tables import DeltaTable
+
+    detail = DeltaTable.forPath(spark, path).detail().first()
+    return int(detail.numFiles), int(detail.sizeInBytes)
+
+
+def optimize(spark: SparkSession, settings: Settings, name: str, dry_run: bool) -> Outcome:
+    from delta.tables import DeltaTable
+
+    spec = TABLES[name]
+    path = spec.path(settings)
+    files, size = _size(spark, path)
+    columns = ZORDER_BY[name]
+    detail = f"zorder by {', '.join(columns)}" if columns else "bin-packing"
+    started = time.monotonic()
+    if not dry_run:
+        def run() -> None:
+            builder = DeltaTable.forPath(spark, path).optimize()
+            if columns:
+                builder.executeZOrderBy(*columns)
+            else:
+                builder.executeCompaction()
+
+        retry_on_conflict(run, f"OPTIMIZE {name}")
+    files_after, size_after = _size(spark, path)
+    return Outcome(name, "optimize", dry_run, time.monotonic() - started, files, files_after,
+                   size, size_after, detail)
+
+
+def minimum_retention(spark: SparkSession, settings: Settings,
+                      now: datetime | None = None) -> timedelta:
+    """The shortest retention VACUUM may use: the time-travel window, or the longest a
+    stream has not read plus the safety margin, whichever is longer."""
+    now = now or datetime.now(UTC).replace(tzinfo=None)
+    lags = [now - row["batch_at"] for row in stream_progress.latest_per_stream(spark, settings)]
+    margin = timedelta(seconds=interval_seconds(settings.vacuum_safety_margin))
+    window = timedelta(seconds=interval_seconds(settings.time_travel_window))
+    return max([window, *[lag + margin for lag in lags]])
+
+
+def vacuum(spark: SparkSession, settings: Settings, name: str, retention: timedelta,
+           dry_run: bool) -> Outcome:
+    from delta.tables import DeltaTable
+
+    path = TABLES[name].path(settings)
+    files, size = _size(spark, path)
+    started = time.monotonic()
+    hours = retention.total_seconds() / 3600
+    if dry_run:
+        doomed = spark.sql(f"VACUUM delta.`{path}` RETAIN {hours} HOURS DRY RUN").count()
+        detail = f"would delete {doomed} unreferenced files older than {retention}"
+    else:
+        DeltaTable.forPath(spark, path).vacuum(hours)
+        detail = f"retention {retention}"
+    files_after, size_after = _size(spark, path)
+    return Outcome(name, "vacuum", dry_run, time.monotonic() - started, files, files_after,
+                   size, size_after, detail)
+
+
+def maintain(spark: SparkSession, settings: Settings, tables: list[str], *, run_optimize: bool,
+             run_vacuum: bool, retention: timedelta | None, dry_run: bool) -> list[Outcome]:
+    """Optimize and/or vacuum ``tables``; append the figures to the history table."""
+    if run_vacuum:
+        floor = minimum_retention(spark, settings)
+        retention = retention or floor
+        if retention < floor:
+            raise MaintenanceError(
+                f"refusing VACUUM with retention {retention}: the minimum is {floor} (the "
+                f"time-travel window, or the longest stream lag plus "
+                f"{settings.vacuum_safety_margin}); a shorter one could delete files a "
+                f"stream or a time-travel query still needs")
+    outcomes: list[Outcome] = []
+    for name in tables:
+        ensure_table(spark, settings, TABLES[name])
+        if run_optimize:
+            outcomes.append(optimize(spark, settings, name, dry_run))
+        if run_vacuum:
+            assert retention is not None
+            outcomes.append(vacuum(spark, settings, name, retention, dry_run))
+    if outcomes:
+        ensure_table(spark, settings, HISTORY)
+        run_at = datetime.now(UTC).replace(tzinfo=None)
+        (spark.createDataFrame([o.row(run_at) for o in outcomes], HISTORY_SCHEMA)
+            .write.format("delta").mode("append").save(HISTORY.path(settings)))
+    return outcomes
+
+
+def render(outcomes: list[Outcome]) -> str:
+    lines = [f"{'table':<22} {'operation':<9} {'files':>15} {'avg file KiB':>17} {'seconds':>8}"
+             "  detail"]
+    for o in outcomes:
+        average = (o.bytes_before / max(o.files_before, 1) / 1024,
+                   o.bytes_after / max(o.files_after, 1) / 1024)
+        lines.append(f"{o.table:<22} {o.operation:<9} {o.files_before:>6} -> "
+                     f"{o.files_after:<6} {average[0]:>7.1f} -> {average[1]:<7.1f} "
+                     f"{o.duration_seconds:>8.1f}  {o.detail}"
+                     + ("  (dry run)" if o.dry_run else ""))
+    return "\n".join(lines)
