@@ -232,10 +232,7 @@ def cmd_maintain(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs import maintenance
     from spark_jobs.session import build_spark
 
-    try:
-        tables = maintenance.parse_tables(args.tables)
-    except maintenance.MaintenanceError as error:
-        raise UsageError(str(error)) from None
+    tables = maintenance.parse_tables(args.tables)
     retention = (timedelta(seconds=config.interval_seconds(args.retention))
                  if args.retention else None)
     both = not args.optimize and not args.vacuum

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -45,6 +45,16 @@ def spark_interval(text: str) -> str:
     if seconds < 1:
         return f"{round(seconds * 1000)} milliseconds"
     return f"{int(seconds)} seconds"
+
+
+def parse_choices(text: str | None, choices: Sequence[str], what: str) -> list[str]:
+    """Comma-separated names from ``choices`` (all of them when ``text`` is empty)."""
+    names = [name.strip() for name in (text or ",".join(choices)).split(",") if name.strip()]
+    unknown = [name for name in names if name not in choices]
+    if unknown or not names:
+        raise ConfigError(f"unknown {what} {', '.join(unknown) or '(none)'}: "
+                          f"choose from {', '.join(choices)}")
+    return names
 
 
 @dataclass(frozen=True)

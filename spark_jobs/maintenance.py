@@ -33,7 +33,7 @@ from pyspark.sql.types import (
 )
 
 from spark_jobs.bronze import ad_events as bronze
-from spark_jobs.config import Settings, interval_seconds
+from spark_jobs.config import Settings, interval_seconds, parse_choices
 from spark_jobs.delta_writes import retry_on_conflict
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import stream_progress
@@ -98,12 +98,7 @@ class Outcome:
 
 
 def parse_tables(text: str | None) -> list[str]:
-    names = [name.strip() for name in (text or ",".join(TABLES)).split(",") if name.strip()]
-    unknown = [name for name in names if name not in TABLES]
-    if unknown or not names:
-        raise MaintenanceError(f"unknown table(s) {', '.join(unknown) or '(none)'}: "
-                               f"choose from {', '.join(TABLES)}")
-    return names
+    return parse_choices(text, list(TABLES), "table(s)")
 
 
 def _size(spark: SparkSession, path: str) -> tuple[int, int]:

@@ -24,7 +24,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from spark_jobs.bronze import ad_events as bronze
-from spark_jobs.config import Settings, interval_seconds
+from spark_jobs.config import Settings, interval_seconds, parse_choices
 from spark_jobs.delta_writes import retry_on_conflict
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import gold_rebuilds, late_data
@@ -314,12 +314,7 @@ def unrepaired_late_dates(spark: SparkSession, settings: Settings) -> list[date]
 
 
 def parse_layers(text: str | None) -> list[str]:
-    layers = [name.strip() for name in (text or ",".join(LAYERS)).split(",") if name.strip()]
-    unknown = [name for name in layers if name not in LAYERS]
-    if unknown or not layers:
-        raise ReprocessError(f"unknown layer(s) {', '.join(unknown) or '(none)'}: "
-                             f"choose from {', '.join(LAYERS)}")
-    return layers
+    return parse_choices(text, LAYERS, "layer(s)")
 
 
 def render(changes: list[Change], dry_run: bool) -> str:
