@@ -44,3 +44,13 @@ def test_generate_writes_the_landing_zone_and_expected_counts(tmp_path: Path) ->
     assert len(list((tmp_path / "landing" / "events").iterdir())) == 1  # 1200 <= 5000 a file
     assert (tmp_path / "landing" / "expected_counts.json").exists()
     assert len(list((tmp_path / "landing" / "campaigns").iterdir())) == 2
+
+
+def test_an_unbuilt_kafka_source_is_refused_not_replaced_by_files(tmp_path: Path) -> None:
+    done = subprocess.run(
+        lakehouse_command("stream", "--root", str(tmp_path), "--layers", "bronze",
+                          "--available-now"),
+        env=cli_env(LAKEHOUSE_SOURCE="kafka"), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2
+    assert "the Kafka reader is not" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -20,7 +20,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs.config import Settings
+from spark_jobs.config import ConfigError, Settings
 from spark_jobs.tables import TableSpec, ensure_table
 
 if TYPE_CHECKING:
@@ -94,6 +94,10 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
           ) -> StreamingQuery:
     """Landing zone to bronze. The file source's checkpoint and Delta's idempotent sink
     make each file land exactly once, whenever the driver dies."""
+    if settings.source != "files":
+        # Refuse rather than silently read the landing zone instead of the topic.
+        raise ConfigError(f"source = {settings.source!r}: only the 'files' landing zone is "
+                          f"built so far; the Kafka reader is not")
     ensure_table(spark, settings, TABLE)
     return (lines_from_files(read_landing(spark, settings)).writeStream
             .queryName(QUERY_NAME)
