@@ -5,11 +5,12 @@ VENV      := .venv
 BIN       := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 JARS      := .cache/jars/.complete
+BROWSER   := .cache/.chromium
 ROOT      ?= data
 
 .PHONY: setup test lint run bench clean
 
-setup: $(INSTALLED) $(JARS)
+setup: $(INSTALLED) $(JARS) $(BROWSER)
 
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +20,11 @@ $(INSTALLED): pyproject.toml constraints.txt
 
 $(JARS): jars/pom.xml $(INSTALLED)
 	scripts/fetch-jars.sh $(BIN)/python .cache/jars
+
+# The data quality report is tested in a real headless browser: Debian's chromium.
+$(BROWSER):
+	scripts/install-chromium.sh
+	mkdir -p $(dir $@) && touch $@
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -7,10 +7,10 @@ Both are served by a small FastAPI app mounted in Airflow's API server under
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import FastAPI
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
-from lakehouse_airflow.views import latest_report, stream_health_page
+from lakehouse_airflow.views import latest_report, report_file, stream_health_page
 
 app = FastAPI(title="Lakehouse")
 
@@ -21,12 +21,21 @@ def health() -> str:
 
 
 @app.get("/quality", response_model=None)
-def quality() -> FileResponse | HTMLResponse:
+def quality() -> RedirectResponse | HTMLResponse:
     report = latest_report()
     if report is None:
         return HTMLResponse("<p>No data quality report yet: run the lakehouse_quality DAG "
                             "or <code>lakehouse validate</code>.</p>")
-    return FileResponse(report, media_type="text/html")
+    # Served from reports/, so the report's relative links to its Data Docs resolve.
+    return RedirectResponse(f"reports/{report.name}")
+
+
+@app.get("/reports/{relative:path}")
+def reports(relative: str) -> FileResponse:
+    path = report_file(relative)
+    if path is None:
+        raise HTTPException(status_code=404, detail=f"no report file {relative}")
+    return FileResponse(path)
 
 
 class LakehousePlugin(AirflowPlugin):

@@ -8,7 +8,6 @@ whose ``event_id`` silver holds; anything else is unaccounted for, and the ident
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +16,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
+from spark_jobs.delta_writes import read_position
 from spark_jobs.generator import ExpectedCounts
 from spark_jobs.ops import late_data, stream_progress
 from spark_jobs.silver import ad_events as silver
@@ -66,17 +66,6 @@ def _table(spark: SparkSession, settings: Settings, spec: TableSpec) -> DataFram
     return spark.read.format("delta").load(str(path))
 
 
-def silver_read_position(settings: Settings) -> int | None:
-    """The bronze table version silver has read up to (exclusive), from its checkpoint."""
-    checkpoint = Path(settings.checkpoint(silver.QUERY_NAME))
-    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")]
-    if not commits:
-        return None
-    offset = (checkpoint / "offsets" / str(max(commits))).read_text("utf-8").splitlines()[-1]
-    position = json.loads(offset)
-    return position["reservoirVersion"] + (1 if position["index"] >= 0 else 0)
-
-
 def account(spark: SparkSession, settings: Settings, expected_file: Path | None = None
             ) -> Accounting:
     bronze_rows = _table(spark, settings, bronze.TABLE).persist()
@@ -123,7 +112,7 @@ def _in_flight(spark: SparkSession, settings: Settings) -> dict[str, object]:
     if not (Path(path) / "_delta_log").exists():
         return {}
     latest = DeltaTable.forPath(spark, path).history(1).first().version
-    read_up_to = silver_read_position(settings)
+    read_up_to = read_position(settings.checkpoint(silver.QUERY_NAME))
     return {"bronze_latest_version": latest,
             "silver_read_bronze_before_version": read_up_to,
             "silver_caught_up": read_up_to is not None and read_up_to > latest}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs import config
-from spark_jobs.config import ConfigError, Settings
+from spark_jobs.config import ConfigError, Settings, parse_choices
 
 log = logging.getLogger("lakehouse")
 
@@ -250,6 +250,39 @@ def cmd_maintain(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(settings: Settings, args: argparse.Namespace) -> int:
+    from spark_jobs import reprocess
+    from spark_jobs.quality import report, suites, validate
+    from spark_jobs.session import build_spark
+
+    tables = parse_choices(args.tables, suites.available(settings), "table(s)")
+    if (args.first is None) != (args.last is None):
+        raise UsageError("--from and --to go together")
+    try:
+        days = (reprocess.DateRange.parse(args.first, args.last)
+                if args.first is not None else None)
+    except reprocess.ReprocessError as error:
+        raise UsageError(str(error)) from None
+    spark = build_spark(settings, app_name="lakehouse-validate")
+    try:
+        run = validate.validate(spark, settings, tables, days and days.first,
+                                days and days.last)
+        page = None
+        if not args.no_report:
+            measures = report.measure(spark, settings, run)
+            page = report.write(settings, report.render(measures, run), measures.generated_at)
+    finally:
+        spark.stop()
+    for verdict in run.verdicts:
+        print(verdict.summary())
+    if page is not None:
+        print(f"report: {page}")
+    print(f"Data Docs: {settings.reports_dir / 'data_docs' / 'index.html'}")
+    if not run.passed:
+        print("validation FAILED: a critical expectation failed (see above)", file=sys.stderr)
+    return 0 if run.passed else 1
+
+
 def cmd_sql(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs.session import build_spark
     from spark_jobs.tables import register_existing
@@ -363,6 +396,16 @@ def build_parser() -> argparse.ArgumentParser:
     maintain.add_argument("--dry-run", action="store_true", help="measure, change nothing")
     maintain.add_argument("--json", action="store_true", help="the figures as JSON")
 
+    check = verb("validate", cmd_validate,
+                 "validate table snapshots with the Great Expectations suites; exit 1 on a "
+                 "critical failure")
+    check.add_argument("--tables", help="comma-separated tables (default: every suite)")
+    check.add_argument("--from", dest="first", metavar="YYYY-MM-DD",
+                       help="first date to validate (default: whole tables)")
+    check.add_argument("--to", dest="last", metavar="YYYY-MM-DD", help="last date, included")
+    check.add_argument("--no-report", action="store_true",
+                       help="skip the HTML data quality report")
+
     sql = verb("sql", cmd_sql, "run SQL over the tables by name, e.g. bronze.ad_events")
     sql.add_argument("query")
     sql.add_argument("--json", action="store_true", help="rows as JSON")
@@ -372,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     overrides: dict[str, Any] = {"root": args.root}
     try:

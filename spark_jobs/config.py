@@ -79,6 +79,10 @@ class Settings:
     watermark_delay: str
     window_duration: str
     attribution_max_gap: str
+    expectations_dir: Path
+    quality_source_quiet_after: str
+    quality_silver_max_lag: str
+    quality_report_days: int
 
     # Layout of the root: one place, so every job and test agrees on it.
     @property
@@ -96,6 +100,10 @@ class Settings:
     @property
     def checkpoints_dir(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.root / "reports"
 
     @property
     def expected_counts_file(self) -> Path:
@@ -166,14 +174,18 @@ def _validated(values: dict[str, Any]) -> Settings:
     if values["streaming_mode"] not in STREAMING_MODES:
         raise ConfigError(f"streaming_mode must be one of {', '.join(STREAMING_MODES)}, "
                           f"not {values['streaming_mode']!r}")
-    for key in ("shuffle_partitions", "max_files_per_trigger", "stall_trigger_intervals"):
+    for key in ("shuffle_partitions", "max_files_per_trigger", "stall_trigger_intervals",
+                "quality_report_days"):
         if values[key] < 1:
             raise ConfigError(f"{key} must be at least 1, not {values[key]}")
     for key in ("trigger_interval", "future_tolerance", "watermark_delay",
                 "window_duration", "attribution_max_gap", "time_travel_window",
-                "vacuum_safety_margin"):
+                "vacuum_safety_margin", "quality_source_quiet_after", "quality_silver_max_lag"):
         interval_seconds(values[key])
     values["root"] = Path(values["root"]).expanduser().resolve()
     values["jars_dir"] = (Path(values["jars_dir"]).expanduser().resolve() if values["jars_dir"]
                           else PROJECT_DIR / ".cache" / "jars")
+    values["expectations_dir"] = (Path(values["expectations_dir"]).expanduser().resolve()
+                                  if values["expectations_dir"]
+                                  else PROJECT_DIR / "expectations")
     return Settings(**values)

@@ -41,6 +41,17 @@ def query_id(checkpoint: str) -> str:
     return json.loads(metadata.read_text("utf-8").splitlines()[0])["id"]
 
 
+def read_position(checkpoint: str) -> int | None:
+    """The version of its Delta source that a query has read up to (exclusive), from its
+    last committed batch; None if it has committed none."""
+    commits = [int(p.name) for p in (Path(checkpoint) / "commits").glob("[0-9]*")]
+    if not commits:
+        return None
+    offset = (Path(checkpoint) / "offsets" / str(max(commits))).read_text("utf-8")
+    position = json.loads(offset.splitlines()[-1])
+    return position["reservoirVersion"] + (1 if position["index"] >= 0 else 0)
+
+
 @contextmanager
 def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
     """MERGE, UPDATE and DELETE inside are applied at most once per (app id, version).

@@ -34,6 +34,7 @@ from pyspark.sql.types import (
 
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings, interval_seconds, parse_choices
+from spark_jobs.datasets import DATA_TABLES
 from spark_jobs.delta_writes import retry_on_conflict
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import stream_progress
@@ -57,8 +58,7 @@ ZORDER_BY: dict[str, tuple[str, ...]] = {
     campaign_stats.TABLE.name: ("campaign_id", "window_start"),  # "one campaign, one day"
     ad_attribution.TABLE.name: ("ad_id", "click_time"),
 }
-TABLES: dict[str, TableSpec] = {spec.name: spec for spec in (
-    bronze.TABLE, silver.TABLE, quarantine.TABLE, campaign_stats.TABLE, ad_attribution.TABLE)}
+TABLES = DATA_TABLES
 
 HISTORY_SCHEMA = StructType([
     StructField("run_at", TimestampType(), False),

@@ -17,14 +17,18 @@ from tests.processes import generate, run_lakehouse, start_stream, wait_for
 
 pytestmark = pytest.mark.integration
 
-DAG_IDS = {"lakehouse_streaming", "lakehouse_reprocess", "lakehouse_maintenance"}
+DAG_IDS = {"lakehouse_streaming", "lakehouse_reprocess", "lakehouse_maintenance",
+           "lakehouse_quality"}
 
 DAGBAG_REPORT = """
-import json
+import json, sys
 from airflow.dag_processing.dagbag import DagBag
 bag = DagBag()
 print(json.dumps({
     "errors": {path: str(error) for path, error in bag.import_errors.items()},
+    "parse_seconds": {s.file: s.duration.total_seconds() for s in bag.dagbag_stats},
+    "heavy_imports": sorted(m for m in ("pyspark", "great_expectations", "delta",
+                                        "matplotlib", "deltalake") if m in sys.modules),
     "dags": {dag_id: {
         "tags": sorted(dag.tags), "doc_md": bool(dag.doc_md), "catchup": dag.catchup,
         "tasks": {task.task_id: {"retries": task.retries,
@@ -52,6 +56,10 @@ def test_every_dag_parses_with_retries_timeouts_tags_and_docs(tmp_path, mode) ->
     report = dagbag_report(tmp_path / "lake", LAKEHOUSE_STREAMING_MODE=mode)
     assert report["errors"] == {}
     assert set(report["dags"]) >= DAG_IDS
+    # DAG files are wiring: no Spark, Great Expectations or plotting at parse time, and a
+    # parse far below the processor's timeout (the first file pays Airflow's own imports).
+    assert report["heavy_imports"] == []
+    assert max(report["parse_seconds"].values()) < 1.0, report["parse_seconds"]
     for dag_id, dag in report["dags"].items():
         assert "lakehouse" in dag["tags"] and dag["doc_md"] and dag["catchup"] is False, dag_id
         for task_id, task in dag["tasks"].items():

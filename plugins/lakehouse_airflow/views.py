@@ -85,5 +85,13 @@ def stream_health_page(settings: Settings | None = None) -> str:
 
 def latest_report(settings: Settings | None = None) -> Path | None:
     settings = settings or config.load()
-    reports = sorted((settings.root / "reports").glob("quality-*.html"))
+    reports = sorted(settings.reports_dir.glob("quality-*.html"))
     return reports[-1] if reports else None
+
+
+def report_file(relative: str, settings: Settings | None = None) -> Path | None:
+    """A file of the reports folder (the report, its Data Docs), never one outside it."""
+    settings = settings or config.load()
+    folder = settings.reports_dir.resolve()
+    path = (folder / relative).resolve()
+    return path if path.is_relative_to(folder) and path.is_file() else None

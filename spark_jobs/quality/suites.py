@@ -1,0 +1,74 @@
+"""The expectation suites of ``expectations/``: one Great Expectations suite per table.
+
+Each file is a suite as Great Expectations serialises it, plus three entries in its
+``meta``: the table's ``grain`` (one sentence), the ``table`` it validates and the
+``date_column`` (a SQL expression) that selects a date range of it. Every expectation
+carries a ``severity``: ``critical`` fails the run, ``warning`` is reported only. An
+expectation whose ``meta.scope`` is ``table`` judges the whole table (freshness) and is
+left out when a date range is validated.
+
+Suites refer to the run's settings as ``$name`` (``$future_tolerance``,
+``$window_duration``...) and to the range as ``$first_date`` and ``$last_date``, so a
+threshold lives once, in the configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import date
+from string import Template
+from typing import Any
+
+from spark_jobs.config import ConfigError, Settings
+
+CRITICAL = "critical"
+WARNING = "warning"
+# The whole table, when no range is given.
+ALL_DATES = (date(1970, 1, 1), date(9999, 12, 31))
+
+
+@dataclass(frozen=True)
+class Suite:
+    table: str
+    grain: str
+    date_column: str
+    document: dict[str, Any]  # the suite, placeholders filled in
+
+    @property
+    def expectations(self) -> list[dict[str, Any]]:
+        return self.document["expectations"]
+
+
+def available(settings: Settings) -> list[str]:
+    """The tables that have a suite, in pipeline order (bronze, silver, gold)."""
+    layers = {"bronze": 0, "silver": 1, "gold": 2}
+    names = [path.stem for path in settings.expectations_dir.glob("*.json")]
+    return sorted(names, key=lambda name: (layers.get(name.split(".")[0], 9), name))
+
+
+def load(settings: Settings, table: str, first: date | None = None, last: date | None = None,
+         values: dict[str, str] | None = None) -> Suite:
+    """The suite of ``table`` for the dates ``first`` to ``last`` (the whole table if None).
+
+    ``values`` fills placeholders that depend on the run (``$silver_seen_by_gold``)."""
+    path = settings.expectations_dir / f"{table}.json"
+    if not path.exists():
+        raise ConfigError(f"no expectation suite for {table}: {path} does not exist")
+    ranged = first is not None
+    first, last = (first, last) if ranged else ALL_DATES
+    fill = {key: str(value) for key, value in vars(settings).items()}
+    fill |= {"first_date": str(first), "last_date": str(last)} | (values or {})
+    try:
+        document = json.loads(Template(path.read_text("utf-8")).substitute(fill))
+    except KeyError as unknown:
+        raise ConfigError(f"{path} uses ${unknown.args[0]}, which is neither a setting nor "
+                          f"a value of the run") from None
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path} is not valid JSON: {error}") from None
+    if ranged:
+        document["expectations"] = [e for e in document["expectations"]
+                                    if e.get("meta", {}).get("scope") != "table"]
+    meta = document.get("meta", {})
+    return Suite(table=table, grain=meta["grain"], date_column=meta["date_column"],
+                 document=document)

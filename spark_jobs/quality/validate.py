@@ -1,0 +1,221 @@
+"""``lakehouse validate``: validate table snapshots with Great Expectations.
+
+Great Expectations cannot validate a streaming DataFrame, so each table is validated as a
+snapshot: the Delta table at its latest version, or the rows of a date range. The
+project's Great Expectations context lives under ``<root>/quality/gx`` (suites, validation
+definitions, checkpoints and results, as Great Expectations keeps them) and builds its Data
+Docs site into ``<root>/reports/data_docs``. Every run appends one row per expectation to
+``quality.results``; a failed ``critical`` expectation fails the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs.config import Settings
+from spark_jobs.datasets import DATA_TABLES, REFERENCE_TABLES
+from spark_jobs.delta_writes import read_position
+from spark_jobs.gold import campaign_stats
+from spark_jobs.quality import results, suites
+from spark_jobs.quality.results import Result
+from spark_jobs.quality.suites import CRITICAL, WARNING, Suite
+from spark_jobs.silver import ad_events as silver
+from spark_jobs.tables import ensure_table
+
+if TYPE_CHECKING:
+    from great_expectations.data_context import AbstractDataContext
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+DATASOURCE = "lakehouse"
+DOCS_SITE = "local_site"
+OBSERVED_LIMIT = 2000  # characters of observed values or sample rows kept per result
+
+
+@dataclass
+class TableVerdict:
+    table: str
+    grain: str
+    results: list[Result] = field(default_factory=list)
+
+    def failed(self, severity: str) -> list[Result]:
+        return [r for r in self.results if not r.success and r.severity == severity]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed(CRITICAL)
+
+    def summary(self) -> str:
+        """One line: the verdict, the counts, and what failed."""
+        critical, warnings = self.failed(CRITICAL), self.failed(WARNING)
+        status = "FAILED" if critical else ("WARN" if warnings else "passed")
+        line = (f"{self.table:<20} {status:<6} {len(self.results) - len(critical) - len(warnings)}"
+                f"/{len(self.results)} passed")
+        if critical:
+            line += f"; critical: {'; '.join(_what(r) for r in critical)}"
+        if warnings:
+            line += f"; warning: {'; '.join(_what(r) for r in warnings)}"
+        return line
+
+
+@dataclass
+class ValidationRun:
+    run_id: str
+    run_at: datetime
+    first: date | None
+    last: date | None
+    verdicts: list[TableVerdict]
+
+    @property
+    def passed(self) -> bool:
+        return all(v.passed for v in self.verdicts)
+
+
+def _what(result: Result) -> str:
+    if result.error:
+        return f"{result.description} (could not be evaluated: {result.error[:200]})"
+    count = "" if result.unexpected_count is None else f" ({result.unexpected_count} unexpected)"
+    return result.description + count
+
+
+def context(settings: Settings) -> AbstractDataContext:
+    """The project's Great Expectations context, its Data Docs built into the reports."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    gx_context = gx.get_context(mode="file", project_root_dir=settings.root / "quality")
+    gx_context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    gx_context.update_data_docs_site(DOCS_SITE, {
+        "class_name": "SiteBuilder",
+        "show_how_to_buttons": False,
+        "store_backend": {"class_name": "TupleFilesystemStoreBackend",
+                          "base_directory": str(settings.reports_dir / "data_docs")},
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+    })
+    return gx_context
+
+
+def snapshot(spark: SparkSession, settings: Settings, suite: Suite, first: date | None,
+             last: date | None) -> DataFrame:
+    """The table at its latest version, or the rows of the date range."""
+    spec = DATA_TABLES[suite.table]
+    frame = spark.read.format("delta").load(spec.path(settings))
+    if first is not None:
+        frame = frame.where(f"{suite.date_column} BETWEEN DATE'{first}' AND DATE'{last}'")
+    return frame
+
+
+def run_values(settings: Settings) -> dict[str, str]:
+    """Placeholders that depend on the moment: silver as the gold stream has read it, so
+    windows are reconciled with the events gold could have counted."""
+    position = read_position(settings.checkpoint(campaign_stats.QUERY_NAME))
+    seen = (silver.TABLE.name if position is None else
+            f"delta.`{silver.TABLE.path(settings)}` VERSION AS OF {max(position - 1, 0)}")
+    return {"silver_seen_by_gold": seen}
+
+
+def validate(spark: SparkSession, settings: Settings, tables: list[str],
+             first: date | None = None, last: date | None = None) -> ValidationRun:
+    """Validate ``tables`` (whole, or the dates ``first`` to ``last``), append the results to
+    ``quality.results`` and update Data Docs."""
+    for spec in (*DATA_TABLES.values(), *REFERENCE_TABLES.values()):
+        ensure_table(spark, settings, spec)  # suites join these by name
+    gx_context = context(settings)
+    run = ValidationRun(uuid.uuid4().hex, datetime.now(UTC).replace(tzinfo=None), first, last,
+                        [])
+    values = run_values(settings)
+    for table in tables:
+        suite = suites.load(settings, table, first, last, values)
+        frame = snapshot(spark, settings, suite, first, last).persist()
+        try:
+            run.verdicts.append(_validate_table(gx_context, settings, suite, frame, run))
+        finally:
+            frame.unpersist()
+    ensure_table(spark, settings, results.TABLE)
+    rows = [r.row() for verdict in run.verdicts for r in verdict.results]
+    (spark.createDataFrame(rows, results.SCHEMA)
+        .write.format("delta").mode("append").save(results.TABLE.path(settings)))
+    return run
+
+
+def _validate_table(gx_context: AbstractDataContext, settings: Settings, suite: Suite,
+                    frame: DataFrame, run: ValidationRun) -> TableVerdict:
+    import great_expectations as gx
+
+    source = gx_context.data_sources.add_or_update_spark(DATASOURCE)
+    asset = next((a for a in source.assets if a.name == suite.table), None) or (
+        source.add_dataframe_asset(suite.table))
+    batch = next((b for b in asset.batch_definitions if b.name == "snapshot"), None) or (
+        asset.add_batch_definition_whole_dataframe("snapshot"))
+    expectation_suite = gx_context.suites.add_or_update(
+        gx.ExpectationSuite(**suite.document))
+    definition = gx_context.validation_definitions.add_or_update(
+        gx.ValidationDefinition(name=suite.table, data=batch, suite=expectation_suite))
+    checkpoint = gx_context.checkpoints.add_or_update(gx.Checkpoint(
+        name=suite.table, validation_definitions=[definition],
+        actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=[DOCS_SITE])],
+        result_format={"result_format": "SUMMARY", "partial_unexpected_count": 10}))
+    outcome = checkpoint.run(batch_parameters={"dataframe": frame},
+                             run_id=gx.RunIdentifier(run_name=run.run_id, run_time=run.run_at))
+    verdict = TableVerdict(suite.table, suite.grain)
+    for identifier, validation in outcome.run_results.items():
+        details = _docs_page(gx_context, settings, identifier)
+        for evaluated in validation.results:
+            verdict.results.append(_result(evaluated, suite, run, details))
+    return verdict
+
+
+def _docs_page(gx_context: AbstractDataContext, settings: Settings, identifier: Any
+               ) -> str | None:
+    for site in gx_context.get_docs_sites_urls(resource_identifier=identifier,
+                                               only_if_exists=False):
+        url = site.get("site_url") or ""
+        if url.startswith("file://"):
+            page = Path(url.removeprefix("file://"))
+            if page.is_relative_to(settings.reports_dir):
+                return str(page.relative_to(settings.reports_dir))
+    return None
+
+
+def _result(evaluated: Any, suite: Suite, run: ValidationRun, details: str | None) -> Result:
+    config = evaluated.expectation_config
+    outcome = dict(evaluated.result or {})
+    exception = evaluated.exception_info or {}
+    error = exception.get("exception_message") if exception.get("raised_exception") else None
+    observed: Any = outcome.get("observed_value")
+    sample = (outcome.get("details") or {}).get("unexpected_rows") or outcome.get(
+        "partial_unexpected_list")
+    if sample:
+        observed = {"observed": observed, "sample": sample}
+    unexpected = outcome.get("unexpected_count")
+    if unexpected is None and config.type == "unexpected_rows_expectation":
+        unexpected = outcome.get("observed_value")
+    severity = getattr(config.severity, "value", str(config.severity))
+    return Result(
+        run_id=run.run_id, run_at=run.run_at, suite=suite.table,
+        expectation_id=str(config.id), expectation=config.type,
+        description=config.description or _describe(config.type, config.kwargs),
+        severity=severity, success=bool(evaluated.success),
+        unexpected_count=int(unexpected) if isinstance(unexpected, int | float) else None,
+        observed=(json.dumps(observed, default=str)[:OBSERVED_LIMIT]
+                  if observed is not None else None),
+        error=error, first_date=run.first, last_date=run.last, details=details)
+
+
+def _describe(kind: str, kwargs: dict[str, Any]) -> str:
+    """``expect_column_values_to_be_unique`` on event_id -> 'event_id: values to be unique'."""
+    subject = kwargs.get("column") or ", ".join(kwargs.get("column_list") or []) or "table"
+    words = kind.removeprefix("expect_").replace("column_values_", "values ").replace(
+        "compound_columns_", "together ").replace("_", " ")
+    bounds = ", ".join(f"{k} {v:g}" for k, v in kwargs.items()
+                       if k in ("min_value", "max_value") and v is not None)
+    value_set = kwargs.get("value_set")
+    extra = (f" ({bounds})" if bounds else "") + (
+        f" {{{', '.join(map(str, value_set))}}}" if value_set else "")
+    return f"{subject}: {words}{extra}"

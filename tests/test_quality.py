@@ -1,0 +1,252 @@
+"""Data quality: the Great Expectations suites pass on clean data, fail on exactly the
+broken expectations, and the report renders in a real browser."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+from pyspark.sql import functions as F
+
+from spark_jobs import reasons, streaming
+from spark_jobs.bronze import ad_events as bronze
+from spark_jobs.config import ConfigError
+from spark_jobs.generator import GenerateRequest, Mess, generate
+from spark_jobs.gold import ad_attribution, campaign_stats
+from spark_jobs.quality import report, results, suites
+from spark_jobs.quality.validate import run_values, validate
+from spark_jobs.silver import ad_events as silver
+from spark_jobs.silver import quarantine
+from tests.conftest import make_settings
+from tests.processes import run_lakehouse
+
+
+@pytest.fixture(scope="module")
+def clean_root(spark, tmp_path_factory):
+    """A generated corpus (messy the way the contract expects) streamed through every layer.
+    Its late events (minutes to days old) fall in windows the watermark has closed."""
+    settings = make_settings(tmp_path_factory.mktemp("quality") / "lake")
+    generate(GenerateRequest(events=1500, seed=11, start=datetime.now(UTC), mess=Mess(),
+                             events_per_file=750),
+             settings.landing_events, settings.landing_campaigns,
+             settings.expected_counts_file)
+    streaming.run_available_now(spark, settings, list(streaming.LAYERS))
+    return settings
+
+
+def failed(run, severity: str) -> set[tuple[str, str]]:
+    return {(v.table, r.description) for v in run.verdicts for r in v.failed(severity)}
+
+
+def test_every_table_has_a_suite_with_its_grain_and_severities(settings) -> None:
+    assert suites.available(settings) == ["bronze.ad_events", "silver.ad_events",
+                                          "silver.quarantine", "gold.ad_attribution",
+                                          "gold.campaign_stats"]
+    for table in suites.available(settings):
+        suite = suites.load(settings, table, values=run_values(settings))
+        assert suite.grain.startswith("One row per")
+        assert {e["severity"] for e in suite.expectations} <= {"critical", "warning"}
+        assert "$" not in json.dumps(suite.document)  # every placeholder filled in
+
+
+def test_quarantine_suite_knows_every_reason_code(settings) -> None:
+    suite = suites.load(settings, "silver.quarantine")
+    [codes] = [e["kwargs"]["value_set"] for e in suite.expectations
+               if e["type"] == "expect_column_values_to_be_in_set"]
+    assert set(codes) == {*reasons.PRECEDENCE, reasons.BAD_CAMPAIGN_MAPPING}
+
+
+def test_a_date_range_leaves_out_the_whole_table_checks(settings) -> None:
+    whole = suites.load(settings, "silver.ad_events")
+    ranged = suites.load(settings, "silver.ad_events", date(2026, 11, 1), date(2026, 11, 2))
+    # Freshness judges the newest row of the whole table; it means nothing for a range.
+    assert len(ranged.expectations) == len(whole.expectations) - 1
+    assert "DATE'2026-11-01'" in json.dumps(
+        suites.load(settings, "silver.quarantine", date(2026, 11, 1),
+                    date(2026, 11, 2)).document)
+
+
+def test_an_unknown_suite_or_placeholder_is_a_clear_error(settings) -> None:
+    with pytest.raises(ConfigError, match="no expectation suite for gold.nope"):
+        suites.load(settings, "gold.nope")
+    # $silver_seen_by_gold is a value of the run, not a setting.
+    with pytest.raises(ConfigError, match=r"uses \$silver_seen_by_gold"):
+        suites.load(settings, "gold.campaign_stats")
+
+
+def test_clean_data_passes_every_suite_and_is_recorded(spark, clean_root) -> None:
+    run = validate(spark, clean_root, suites.available(clean_root))
+    assert run.passed, [v.summary() for v in run.verdicts]
+    # The generator's default mess (about 4% quarantined, 1% unmapped ads) stays under the
+    # warning thresholds (10%, 5%): clean data raises no warning either.
+    assert failed(run, "warning") == set()
+    history = spark.read.format("delta").load(results.TABLE.path(clean_root))
+    expected = sum(len(suites.load(clean_root, t, values=run_values(clean_root)).expectations)
+                   for t in suites.available(clean_root))
+    assert history.where(F.col("run_id") == run.run_id).count() == expected
+    details = {r.details for v in run.verdicts for r in v.results}
+    assert all(d and (clean_root.reports_dir / d).exists() for d in details)
+    assert (clean_root.reports_dir / "data_docs" / "index.html").exists()
+    # The reconciliation is not vacuous: the watermark has closed windows.
+    closed = spark.sql(
+        f"SELECT max(max_event_time) - INTERVAL '{clean_root.watermark_delay}' FROM "
+        f"delta.`{clean_root.table_path('ops/event_time_watermarks')}`").first()[0]
+    gold = spark.read.format("delta").load(campaign_stats.TABLE.path(clean_root))
+    assert gold.where(F.col("window_end") <= F.lit(closed)).count() > 0
+
+
+def _append(spark, settings, spec, rows) -> None:
+    rows.write.format("delta").mode("append").save(spec.path(settings))
+
+
+def break_the_data(spark, settings) -> None:
+    """The problems a user must see: every one hits a known expectation."""
+    def read(spec):
+        return spark.read.format("delta").load(spec.path(settings))
+
+    newest = read(bronze.TABLE).agg(F.max("ingested_at")).first()[0]
+    # A burst of malformed records: 400 in the newest hour, received and quarantined.
+    burst = (spark.range(400).select(
+        F.concat(F.lit("burst-"), F.col("id").cast("string")).alias("bronze_id"),
+        F.lit("{not json").alias("raw"), F.lit("file").alias("source"),
+        F.lit("burst.jsonl").alias("source_file"), F.col("id").alias("source_line"),
+        F.lit(None).cast("string").alias("kafka_topic"),
+        F.lit(None).cast("int").alias("kafka_partition"),
+        F.lit(None).cast("long").alias("kafka_offset"),
+        F.lit(newest).alias("ingested_at"), F.to_date(F.lit(newest)).alias("ingest_date")))
+    _append(spark, settings, bronze.TABLE, burst)
+    _append(spark, settings, quarantine.TABLE, burst.select(
+        "*", F.lit(reasons.MALFORMED_JSON).alias("reason"), F.lit("injected").alias("detail"),
+        F.current_timestamp().alias("quarantined_at")))
+    # A stale layer: bronze received records two hours later that silver never placed.
+    _append(spark, settings, bronze.TABLE, burst.limit(3).select(
+        F.concat(F.lit("stale-"), "bronze_id").alias("bronze_id"),
+        *[c for c in bronze.SCHEMA.fieldNames() if c not in ("bronze_id", "ingested_at",
+                                                              "ingest_date")],
+        F.lit(newest + timedelta(hours=2)).alias("ingested_at"),
+        F.to_date(F.lit(newest + timedelta(hours=2))).alias("ingest_date")))
+    # A duplicated id forced into silver.
+    _append(spark, settings, silver.TABLE, read(silver.TABLE).limit(1))
+    # Gold: a negative count on a second row for an existing key; a view after its click.
+    _append(spark, settings, campaign_stats.TABLE,
+            read(campaign_stats.TABLE).limit(1).withColumn("views", F.lit(-1).cast("long")))
+    _append(spark, settings, ad_attribution.TABLE, read(ad_attribution.TABLE).limit(1)
+            .withColumn("click_event_id", F.lit("injected-click"))
+            .withColumn("view_time", F.col("click_time") + F.expr("INTERVAL 5 MINUTES")))
+
+
+# What break_the_data must trip, and nothing else.
+EXPECTED_CRITICAL = {
+    ("silver.ad_events", "event_id: values to be unique"),
+    ("silver.ad_events", "Silver is at most 30 minutes behind bronze"),
+    ("gold.campaign_stats", "campaign_id, window_start: together to be unique"),
+    ("gold.campaign_stats", "views: values to be between (min_value 0)"),
+    # The extra row with views -1 breaks the sum of its window.
+    ("gold.campaign_stats", "Closed windows reconcile with silver: events in silver = events "
+                            "counted in gold + late events not yet repaired"),
+    ("gold.ad_attribution", "The view comes before the click, within 1 hour"),
+}
+EXPECTED_WARNING = {
+    ("silver.quarantine", "Under 10% of the records received in any hour are quarantined"),
+}
+
+VOLUME_WARNINGS = {
+    (table, f"Hourly volume of {what} within 0.2x to 5x of its trailing 24-hour baseline")
+    for table, what in (("bronze.ad_events", "bronze records"), ("silver.ad_events",
+                                                                "silver events"))}
+
+
+@pytest.fixture(scope="module")
+def broken_root(spark, clean_root, tmp_path_factory):
+    root = tmp_path_factory.mktemp("quality-broken") / "lake"
+    shutil.copytree(clean_root.root, root)
+    settings = make_settings(root)
+    break_the_data(spark, settings)
+    return settings
+
+
+@pytest.fixture(scope="module")
+def broken_validation(broken_root) -> subprocess.CompletedProcess[str]:
+    """``lakehouse validate`` over the broken root, as a user runs it."""
+    return run_lakehouse("validate", "--root", str(broken_root.root))
+
+
+def test_validate_fails_on_exactly_the_broken_critical_expectations(
+        broken_root, broken_validation) -> None:
+    done = broken_validation
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()}
+    assert " FAILED " in lines["silver.ad_events"]
+    assert " passed " in lines["bronze.ad_events"]
+    assert " WARN " in lines["silver.quarantine"]
+    assert "validation FAILED" in done.stderr
+
+    from deltalake import DeltaTable
+
+    history = DeltaTable(results.TABLE.path(broken_root)).to_pandas()
+    latest = history[history["run_at"] == history["run_at"].max()]
+    failures = latest[~latest["success"]]
+    by_severity = {severity: set(zip(rows["suite"], rows["description"], strict=True))
+                   for severity, rows in failures.groupby("severity")}
+    assert by_severity.get("critical") == EXPECTED_CRITICAL
+    # A corpus ingested across an hour boundary gives its newest full hour a baseline, and
+    # the injected rows make that hour an outlier: a volume warning is then right too.
+    assert by_severity.get("warning") - VOLUME_WARNINGS == EXPECTED_WARNING
+    assert failures["error"].isna().all()  # failed on the data, not on an exception
+    unique = failures[failures["description"] == "event_id: values to be unique"]
+    assert unique["unexpected_count"].tolist() == [2]  # the original row and its copy
+
+
+def test_the_report_renders_in_a_real_browser(broken_root, broken_validation,
+                                              tmp_path) -> None:
+    [page] = sorted(broken_root.reports_dir.glob("quality-*.html"))
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is installed by `make setup`"
+    browser = [chromium, "--headless", "--no-sandbox", "--disable-gpu",
+               f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*browser, "--dump-dom", page.as_uri()], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    for section in ("suites", "failures", "quarantine", "freshness", "volume", "late"):
+        assert f'<section id="{section}">' in dom, section
+    for plot in ("plot-suites", "plot-quarantine", "plot-freshness", "plot-volume"):
+        figure = dom.split(f'id="{plot}"', 1)[1].split("</figure>", 1)[0]
+        assert "<svg" in figure and "<path" in figure, plot
+    # The late-data plot may be empty (nothing late in this corpus), but it says so.
+    assert "plot-late" in dom
+    assert dom.count('class="failure"') >= len(EXPECTED_CRITICAL) + len(EXPECTED_WARNING)
+    assert 'class="verdict failed"' in dom
+    # Every failing expectation links to its Data Docs page, which exists.
+    for link in {part.split('"', 1)[0] for part in dom.split('href="data_docs/')[1:]}:
+        assert (broken_root.reports_dir / "data_docs" / link).exists(), link
+
+    screenshot = tmp_path / "quality-report.png"
+    subprocess.run([*browser, "--window-size=1366,900", f"--screenshot={screenshot}",
+                    page.as_uri()], capture_output=True, timeout=120, check=True)
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert screenshot.stat().st_size > 20_000  # a page with content, not a blank frame
+
+
+def test_render_without_history_says_there_is_no_data() -> None:
+    import pandas as pd
+
+    empty = pd.DataFrame()
+    measures = report.Measures(
+        datetime(2026, 11, 22, 12, 0), 7, empty, empty, empty,
+        pd.DataFrame({"layer": ["bronze"], "lag_minutes": [None], "meaning": ["x"]}),
+        empty, empty)
+    page = report.render(measures)
+    assert page.count("no data in this period") == 5  # every plot, none crashes
+    assert "No validation ran with this report." in page
+
+
+def test_validate_refuses_bad_parameters(tmp_path) -> None:
+    root = str(tmp_path / "lake")
+    for args, message in ((["--from", "2026-11-02", "--to", "2026-11-01"], "is after --to"),
+                          (["--from", "2026-13-01", "--to", "2026-11-01"], "is not a date"),
+                          (["--from", "2026-11-01"], "go together"),
+                          (["--tables", "gold.nope"], "unknown table(s) gold.nope")):
+        done = run_lakehouse("validate", "--root", root, *args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
