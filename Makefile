@@ -8,7 +8,7 @@ JARS      := .cache/jars/.complete
 BROWSER   := .cache/.chromium
 ROOT      ?= data
 
-.PHONY: setup test lint run bench clean
+.PHONY: setup test lint run run-once bench clean
 
 setup: $(INSTALLED) $(JARS) $(BROWSER)
 
@@ -32,9 +32,14 @@ lint: $(INSTALLED)
 test: setup lint
 	$(BIN)/pytest
 
-# The main job on the embedded default: messy events into the landing zone, streamed
-# through every layer once, then the accounting.
+# The lakehouse on the embedded default, under real Airflow: airflow standalone with the
+# DAGs unpaused, a live feed of messy events, the streams running. Ctrl-C stops it all.
 run: setup
+	$(BIN)/lakehouse demo --root $(ROOT)
+
+# The same pipeline once, without Airflow: messy events into the landing zone, streamed
+# through every layer, then the accounting.
+run-once: setup
 	$(BIN)/lakehouse generate --root $(ROOT) --events 20000
 	$(BIN)/lakehouse stream --root $(ROOT) --available-now
 	$(BIN)/lakehouse audit --root $(ROOT) --expected

@@ -10,7 +10,7 @@ the live streams; each task's figures (files, bytes, duration) go to
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from airflow.sdk import dag
 
@@ -23,9 +23,12 @@ TABLES = ("bronze.ad_events", "silver.ad_events", "silver.quarantine",
 @dag(
     dag_id="lakehouse_maintenance",
     schedule="30 2 * * *",
-    start_date=datetime(2026, 1, 1),
+    # No start_date: the first run waits for the next scheduled time, rather than running
+    # the latest missed one the moment the DAG is unpaused.
     catchup=False,
     max_active_runs=1,
+    # One table at a time: each task is a Spark application, and the streams need cores too.
+    max_active_tasks=1,
     tags=["lakehouse", "maintenance"],
     doc_md=__doc__,
     default_args={"retries": 2, "retry_delay": timedelta(minutes=5)},

@@ -10,7 +10,7 @@ and writes the data quality report, linked from the navigation bar (*Data qualit
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from airflow.sdk import AssetAny, AssetOrTimeSchedule, CronTriggerTimetable, dag
 
@@ -23,7 +23,8 @@ VALIDATED_ON_UPDATE = ("silver.ad_events", "gold.campaign_stats", "gold.ad_attri
     dag_id="lakehouse_quality",
     schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 * * * *", timezone="UTC"),
                                  assets=AssetAny(*assets(*VALIDATED_ON_UPDATE))),
-    start_date=datetime(2026, 1, 1),
+    # No start_date: the first run waits for the next scheduled time, rather than running
+    # the latest missed one the moment the DAG is unpaused.
     catchup=False,
     max_active_runs=1,
     tags=["lakehouse", "quality"],

@@ -151,6 +151,12 @@ def cmd_airflow(settings: Settings, args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from spark_jobs import demo
+
+    return demo.run(settings, demo.DemoOptions(port=args.port, rate=args.rate))
+
+
 def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs.audit import account, render
     from spark_jobs.session import build_spark
@@ -360,6 +366,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "'lakehouse airflow standalone'")
     airflow.add_argument("airflow_args", nargs=argparse.REMAINDER,
                          help="the airflow command and its arguments")
+
+    demo = verb("demo", cmd_demo,
+                "airflow standalone with the DAGs unpaused, a live feed of messy events and the "
+                "streams running; Ctrl-C stops everything cleanly")
+    demo.add_argument("--port", type=int, default=8080, help="Airflow UI port (default 8080)")
+    demo.add_argument("--rate", type=positive_number, default=20.0,
+                      help="events per second of the demo feed (default 20)")
 
     audit = verb("audit", cmd_audit,
                  "account for every bronze record: silver, quarantine or duplicate")

@@ -72,6 +72,11 @@ class DateRange:
     def holds(self, column: str) -> Column:
         return F.col(column).between(F.lit(self.first), F.lit(self.last))
 
+    def date_predicate(self, column: str) -> str:
+        """The range as SQL over a date column. Not BETWEEN: Spark 4.2 rewrites it into a
+        ``With`` expression that Delta's replaceWhere check fails to resolve."""
+        return f"{column} >= DATE'{self.first}' AND {column} <= DATE'{self.last}'"
+
     def predicate(self, column: str) -> str:
         """The range as SQL over a date column, or a timestamp column's date."""
         return (f"{column} >= TIMESTAMP'{self.first} 00:00:00' AND "
@@ -121,14 +126,15 @@ def _replace_range(spark: SparkSession, settings: Settings, spec: TableSpec, row
                    before_write: Callable[[], None] = lambda: None) -> None:
     """Replace the rows matching ``predicate`` with ``rows`` in one commit, unless equal."""
     current = _read(spark, settings, spec).where(predicate)
-    if _same_rows(current, rows.select(*spec.schema.fieldNames())):
+    rows = rows.select(*spec.schema.fieldNames())
+    if _same_rows(current, rows):
         change.note = "unchanged"
         return
     if dry_run:
         change.note = "would be replaced"
         return
     before_write()
-    (rows.select(*spec.schema.fieldNames()).write.format("delta").mode("overwrite")
+    (rows.write.format("delta").mode("overwrite")
         .option("replaceWhere", predicate).save(spec.path(settings)))
     change.written, change.note = True, "replaced"
 
@@ -180,7 +186,7 @@ def _rebuild_silver_from(spark: SparkSession, settings: Settings, days: DateRang
                                     f"{newly_rejected} now fail and enter it")
 
     _replace_range(spark, settings, silver.TABLE, events,
-                   f"event_date BETWEEN DATE'{days.first}' AND DATE'{days.last}'",
+                   days.date_predicate("event_date"),
                    silver_change, dry_run)
     if not dry_run and (released or newly_rejected):
         _move_out_of_quarantine(spark, settings, passing_now)
@@ -278,7 +284,7 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
                                                    F.col("click_date")),
                                     _rows_per_date(attributions, F.col("click_date")))
         _replace_range(spark, settings, ad_attribution.TABLE, attributions,
-                       f"click_date BETWEEN DATE'{days.first}' AND DATE'{days.last}'",
+                       days.date_predicate("click_date"),
                        attribution_change, dry_run)
         changes.extend([stats_change, attribution_change,
                         _mark_repaired(spark, settings, days, started, dry_run)])

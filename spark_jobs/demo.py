@@ -1,0 +1,139 @@
+"""``lakehouse demo`` (``make run``): the whole lakehouse on one laptop, under real Airflow.
+
+Starts ``airflow standalone`` (API server and UI, scheduler, DAG processor, triggerer; the
+embedded SQLite database; authentication on) with the four DAGs unpaused, and a continuous
+feed of messy ad events into the landing zone. The ``lakehouse_streaming`` DAG submits the
+streams; gold rows follow within minutes. ``Ctrl-C`` (or SIGTERM) stops everything
+cleanly: the feed, then the streams at a batch boundary (the streaming DAG is paused first
+so it does not restart them), then Airflow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from spark_jobs.airflow_env import environment
+from spark_jobs.config import Settings
+
+DAGS = ("lakehouse_streaming", "lakehouse_quality", "lakehouse_maintenance",
+        "lakehouse_reprocess")
+PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    port: int = 8080
+    rate: float = 20.0  # events per second of the demo feed
+    startup_timeout: float = 300.0
+
+
+def airflow_environment(settings: Settings, port: int) -> dict[str, str]:
+    env = environment(settings)
+    env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "False"
+    env.setdefault("AIRFLOW__API__PORT", str(port))
+    env.setdefault("AIRFLOW__API__BASE_URL", f"http://localhost:{port}")
+    # The demo's executor runs the streaming driver and the periodic jobs side by side.
+    env.setdefault("AIRFLOW__CORE__PARALLELISM", "8")
+    Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+def wait_until_healthy(port: int, timeout: float, airflow: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout
+    url = f"http://localhost:{port}/api/v2/monitor/health"
+    while True:
+        if airflow.poll() is not None:
+            raise RuntimeError(f"airflow standalone exited with status {airflow.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                health = json.load(response)
+            if health.get("scheduler", {}).get("status") == "healthy":
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Airflow was not healthy at {url} after {timeout:g}s")
+        time.sleep(2)
+
+
+def run(settings: Settings, options: DemoOptions) -> int:
+    env = airflow_environment(settings, options.port)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+
+    log_dir = settings.root / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # Their own process groups: Ctrl-C reaches this supervisor only, which stops them in order.
+    airflow = subprocess.Popen([_bin("airflow"), "standalone"], env=env,
+                               stdout=(log_dir / "airflow-standalone.log").open("ab"),
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    feed = subprocess.Popen([_bin("lakehouse"), "generate", "--root", str(settings.root),
+                             "--rate", f"{options.rate:g}"], env=env,
+                            stdout=(log_dir / "demo-feed.log").open("ab"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    status = 0
+    try:
+        print(f"starting Airflow (log: {log_dir / 'airflow-standalone.log'}) ...", flush=True)
+        wait_until_healthy(options.port, options.startup_timeout, airflow)
+        passwords = Path(env["AIRFLOW_HOME"]) / PASSWORDS_FILE
+        print(f"\nAirflow UI: http://localhost:{options.port}  (user admin; the generated "
+              f"password is in {passwords})\n"
+              f"DAGs (unpaused): {', '.join(DAGS)}\n"
+              f"demo feed: {options.rate:g} messy events/s into {settings.landing_events}\n"
+              f"tables: {settings.tables_dir}  (lakehouse sql --root {settings.root} "
+              f"'SELECT * FROM gold.campaign_stats ORDER BY window_start DESC LIMIT 10')\n"
+              "Ctrl-C stops everything cleanly.", flush=True)
+        while not stop.wait(2):
+            if airflow.poll() is not None:
+                print(f"airflow standalone exited with status {airflow.returncode}",
+                      file=sys.stderr)
+                status = 1
+                break
+    except RuntimeError as error:
+        print(f"lakehouse demo: {error}", file=sys.stderr)
+        status = 1
+    finally:
+        _shut_down(settings, env, feed, airflow)
+    return status
+
+
+def _shut_down(settings: Settings, env: dict[str, str], feed: subprocess.Popen[bytes],
+               airflow: subprocess.Popen[bytes]) -> None:
+    print("stopping: the feed, the streams (at a batch boundary), then Airflow ...",
+          flush=True)
+    _terminate(feed, 30)
+    if airflow.poll() is None:
+        # Paused first, so the @continuous DAG does not start the streams again.
+        subprocess.run([_bin("airflow"), "dags", "pause", "lakehouse_streaming"], env=env,
+                       capture_output=True, timeout=120)
+    subprocess.run([_bin("lakehouse"), "stop", "--root", str(settings.root), "--wait", "180"],
+                   env=env, timeout=240)
+    _terminate(airflow, 60)
+    print("stopped", flush=True)
+
+
+def _terminate(process: subprocess.Popen[bytes], grace: float) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    except ProcessLookupError:
+        pass
