@@ -6,7 +6,8 @@ Rebuilds event dates of silver and gold from bronze with `lakehouse reprocess`
 
 - **Nightly / backfill:** each run's data interval is the UTC day it rebuilds, so
   `airflow backfill create --dag-id lakehouse_reprocess --from-date 2026-11-01
-  --to-date 2026-11-07` (or the UI's backfill) rebuilds a range, one run per day.
+  --to-date 2026-11-07` (or the UI's backfill) rebuilds those seven days, one run per day.
+  The nightly run starts at midnight UTC and rebuilds the day that just ended.
   Every run also repairs the dates the late-data ledger lists (`--late`).
 - **Manual runs** take `from` and `to` (YYYY-MM-DD, both included), `layers` and
   `quarantine` (re-validate quarantined records with the current rules first).
@@ -28,7 +29,11 @@ REBUILDS = ("silver.ad_events", "gold.campaign_stats", "gold.ad_attribution")
 
 @dag(
     dag_id="lakehouse_reprocess",
-    schedule=CronDataIntervalTimetable("0 1 * * *", timezone="UTC"),
+    # Midnight to midnight: a run's data interval is exactly the UTC day it rebuilds, so a
+    # backfill's --from-date and --to-date are the first and last day rebuilt (an offset
+    # schedule would shift the days and drop the last one). Later arrivals are repaired by
+    # the late-data step of a later run.
+    schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=4,

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.integration
 def test_streaming_gold_equals_batch_except_the_ledger_windows(spark, tmp_path) -> None:
     root = tmp_path / "lake"
     settings = make_settings(root)
-    # Late events reach days back; 6 files streamed one per micro-batch make the watermark
+    # Late events reach days back; 4 files streamed one per micro-batch make the watermark
     # advance between batches, so some of them arrive after their window closed.
-    generate(root, "--events", "3000", "--events-per-file", "500", "--seed", "5",
+    generate(root, "--events", "2000", "--events-per-file", "500", "--seed", "5",
              "--late", "0.1")
     stream = start_stream(root, "all", "--available-now", files_per_batch=1)
     assert stream.wait(timeout=600) == 0, stream.stderr.read().decode()[-3000:]
