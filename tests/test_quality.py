@@ -98,6 +98,16 @@ def test_clean_data_passes_every_suite_and_is_recorded(spark, clean_root) -> Non
     assert gold.where(F.col("window_end") <= F.lit(closed)).count() > 0
 
 
+def test_a_date_range_is_validated_without_the_whole_table_checks(spark, clean_root) -> None:
+    today = datetime.now(UTC).date()
+    run = validate(spark, clean_root, ["silver.ad_events"], today - timedelta(days=1), today)
+    [verdict] = run.verdicts
+    assert verdict.passed
+    whole = suites.load(clean_root, "silver.ad_events", values=run_values(clean_root))
+    assert len(verdict.results) == len(whole.expectations) - 1  # freshness left out
+    assert {r.first_date for r in verdict.results} == {today - timedelta(days=1)}
+
+
 def _append(spark, settings, spec, rows) -> None:
     rows.write.format("delta").mode("append").save(spec.path(settings))
 
@@ -254,3 +264,37 @@ def test_validate_refuses_bad_parameters(tmp_path) -> None:
                           (["--tables", "gold.nope"], "unknown table(s) gold.nope")):
         done = run_lakehouse("validate", "--root", root, *args)
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+
+
+PLUGIN_CHECK = """
+import json
+from fastapi.testclient import TestClient
+from lakehouse_plugin import app
+client = TestClient(app)
+link = client.get("/quality", follow_redirects=False)
+page = client.get("/" + link.headers["location"])
+docs = client.get("/reports/data_docs/index.html")
+escape = client.get("/reports/..%2Fcatalog.sql")
+print(json.dumps({"link": [link.status_code, link.headers["location"]],
+                  "page": [page.status_code, "Lakehouse data quality" in page.text],
+                  "docs": docs.status_code, "escape": escape.status_code}))
+"""
+
+
+def test_the_ui_plugin_serves_the_latest_report_and_its_data_docs(broken_root,
+                                                                  broken_validation) -> None:
+    import os
+    import sys
+
+    from spark_jobs.config import PROJECT_DIR
+
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR / "plugins"),
+           "LAKEHOUSE_ROOT": str(broken_root.root)}
+    done = subprocess.run([sys.executable, "-c", PLUGIN_CHECK], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    served = json.loads(done.stdout.strip().splitlines()[-1])
+    [page] = sorted(broken_root.reports_dir.glob("quality-*.html"))
+    # A redirect into reports/, so the report's relative Data Docs links resolve there.
+    assert served["link"] == [307, f"reports/{page.name}"]
+    assert served["page"] == [200, True] and served["docs"] == 200
+    assert served["escape"] == 404  # nothing outside the reports folder
