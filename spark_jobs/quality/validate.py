@@ -130,11 +130,13 @@ def validate(spark: SparkSession, settings: Settings, tables: list[str],
     run = ValidationRun(uuid.uuid4().hex, datetime.now(UTC).replace(tzinfo=None), first, last,
                         [])
     values = run_values(settings)
+    source = gx_context.data_sources.add_or_update_spark(DATASOURCE)
     for table in tables:
         suite = suites.load(settings, table, first, last, values)
         frame = snapshot(spark, settings, suite, first, last).persist()
         try:
-            run.verdicts.append(_validate_table(gx_context, settings, suite, frame, run))
+            run.verdicts.append(_validate_table(gx_context, source, settings, suite, frame,
+                                                run))
         finally:
             frame.unpersist()
     ensure_table(spark, settings, results.TABLE)
@@ -144,11 +146,10 @@ def validate(spark: SparkSession, settings: Settings, tables: list[str],
     return run
 
 
-def _validate_table(gx_context: AbstractDataContext, settings: Settings, suite: Suite,
-                    frame: DataFrame, run: ValidationRun) -> TableVerdict:
+def _validate_table(gx_context: AbstractDataContext, source: Any, settings: Settings,
+                    suite: Suite, frame: DataFrame, run: ValidationRun) -> TableVerdict:
     import great_expectations as gx
 
-    source = gx_context.data_sources.add_or_update_spark(DATASOURCE)
     asset = next((a for a in source.assets if a.name == suite.table), None) or (
         source.add_dataframe_asset(suite.table))
     batch = next((b for b in asset.batch_definitions if b.name == "snapshot"), None) or (
