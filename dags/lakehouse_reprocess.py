@@ -4,18 +4,31 @@
 Rebuilds event dates of silver and gold from bronze with `lakehouse reprocess`
 (idempotent: a second run changes nothing).
 
-- **Nightly / backfill:** each run's data interval is the UTC day it rebuilds, so
-  `airflow backfill create --dag-id lakehouse_reprocess --from-date 2026-11-01
-  --to-date 2026-11-07` (or the UI's backfill) rebuilds those seven days, one run per day.
-  The nightly run starts at midnight UTC and rebuilds the day that just ended.
-  Every run also repairs the dates the late-data ledger lists (`--late`).
-- **Manual runs** take `from` and `to` (YYYY-MM-DD, both included), `layers` and
-  `quarantine` (re-validate quarantined records with the current rules first).
+- **Nightly / backfill:** each run's data interval is the UTC day it rebuilds (midnight to
+  midnight), so `airflow backfill create --dag-id lakehouse_reprocess --from-date
+  2026-11-01 --to-date 2026-11-07`, or the UI's *Run Backfill* with only the two dates,
+  rebuilds those seven days, one run per day. Leave `from` and `to` empty in a backfill:
+  given, every run of the backfill would rebuild that whole range. The nightly run starts
+  at midnight UTC and rebuilds the day that just ended. Every run also repairs the dates
+  the late-data ledger lists (`--late`).
+- **Manual runs** (*Trigger*) take `from` and `to` (YYYY-MM-DD, both included; empty: the
+  run's day), `layers` and `quarantine` (re-validate quarantined records with the current
+  rules first). No parameter is required; a bad date is refused, naming the parameter.
+
+**Which day did a run rebuild?** The run's *data interval start* (run details), which for
+scheduled and backfill runs is also the *logical date* the grid's tooltip shows. A manual
+run triggered at a given logical date rebuilds the day before it (the last complete day),
+or `from`..`to` when given; one triggered without a logical date, the day before it ran.
+The task *rebuild the run's day (or from..to)* states the exact range: its *Rendered
+Templates* tab shows `--from … --to …`, and its log the submitted command. (A task cannot
+write the run's note in Airflow 3: the Task SDK has no call for it; add a note when
+triggering instead.)
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import Param, dag
@@ -23,8 +36,30 @@ from airflow.timetables.interval import CronDataIntervalTimetable
 
 from lakehouse_airflow.jobs import assets, is_true, lakehouse_job
 
-DATE = r"^(\d{4}-\d{2}-\d{2})?$"
 REBUILDS = ("silver.ad_events", "gold.campaign_stats", "gold.ad_attribution")
+
+
+def run_day(dag_run: Any) -> str:
+    """The UTC day (YYYY-MM-DD) a run rebuilds when no ``from``/``to`` is given.
+
+    It is the start of the run's data interval. A run triggered without a logical date
+    has no data interval (Airflow 3), so it takes the day before it ran, as the nightly
+    run and a manual run at that moment would.
+    """
+    start = dag_run.data_interval_start
+    if start is None:
+        start = dag_run.run_after - timedelta(days=1)
+    return start.astimezone(UTC).date().isoformat()
+
+
+def optional_date(description: str) -> Param:
+    """A date param the UI shows as optional (a ``null`` type) with a date picker.
+
+    A plain ``"string"`` type is required in Airflow 3's UI: its Trigger and Run Backfill
+    buttons stay disabled until a date is typed, and an emptied field is sent as null.
+    """
+    return Param(None, type=["null", "string"], format="date",
+                 pattern=r"^\d{4}-\d{2}-\d{2}$", description=description)
 
 
 @dag(
@@ -40,12 +75,14 @@ REBUILDS = ("silver.ad_events", "gold.campaign_stats", "gold.ad_attribution")
     tags=["lakehouse", "reprocessing"],
     doc_md=__doc__,
     default_args={"retries": 1, "retry_delay": timedelta(minutes=2)},
+    user_defined_macros={"run_day": run_day},
     params={
-        "from": Param("", type="string", pattern=DATE,
-                      description="first event date (YYYY-MM-DD); empty: the run's day"),
-        "to": Param("", type="string", pattern=DATE,
-                    description="last event date, included; empty: the run's day"),
-        "layers": Param("silver,gold", type="string", enum=["silver,gold", "silver", "gold"]),
+        "from": optional_date("first event date (YYYY-MM-DD); empty: the run's day "
+                              "(leave empty for a backfill)"),
+        "to": optional_date("last event date, included; empty: the run's day "
+                            "(leave empty for a backfill)"),
+        "layers": Param("silver,gold", type="string", enum=["silver,gold", "silver", "gold"],
+                        description="the layers to rebuild"),
         "quarantine": Param(False, type="boolean",
                             description="first move quarantined records that now pass"),
     },
@@ -59,10 +96,12 @@ def lakehouse_reprocess() -> None:
                            "--layers", "{{ params.layers }}", outlets=assets(*REBUILDS))
     rebuild = lakehouse_job(
         "rebuild_dates", "reprocess",
-        "--from", "{{ params['from'] or (data_interval_start | ds) }}",
-        "--to", "{{ params['to'] or (data_interval_start | ds) }}",
+        "--from", "{{ params['from'] or run_day(dag_run) }}",
+        "--to", "{{ params['to'] or run_day(dag_run) }}",
         "--layers", "{{ params.layers }}", outlets=assets(*REBUILDS),
-        trigger_rule="none_failed")
+        trigger_rule="none_failed", task_display_name="rebuild the run's day (or from..to)",
+        doc_md="Rebuilds the run's data interval day, or `from`..`to` when given: the "
+               "*Rendered Templates* tab shows the exact `--from` and `--to`.")
     repair_late = lakehouse_job("repair_late_dates", "reprocess", "--late",
                                 outlets=assets(*REBUILDS[1:]))
     quarantine_requested >> replay >> rebuild >> repair_late

@@ -290,6 +290,16 @@ def cmd_validate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_sql(settings: Settings, args: argparse.Namespace) -> int:
+    """Print every row the query returns, up to ``--limit``, as a text table or JSON.
+
+    The rows are fetched once and printed from that one result: ``show`` after ``collect``
+    ran the query twice and sized the printout by the first run's row count, which the
+    live streams can make differ from the second run's.
+    """
+    from decimal import Decimal
+
+    from pyspark.sql import Row
+
     from spark_jobs.session import build_spark
     from spark_jobs.tables import register_existing
 
@@ -297,17 +307,51 @@ def cmd_sql(settings: Settings, args: argparse.Namespace) -> int:
     try:
         register_existing(spark, settings)
         result = spark.sql(args.query)
-        rows = result.collect()
-        if args.json:
-            print(json.dumps([row.asDict(recursive=True) for row in rows], default=str))
-        else:
-            result.show(n=max(len(rows), 1), truncate=False)
+        columns = result.columns
+        # One row beyond the limit says whether the limit cut any, without counting them.
+        rows = result.collect() if args.limit == 0 else result.take(args.limit + 1)
     except Exception as error:  # an analysis error is the user's query, not a crash
         if type(error).__name__ in ("AnalysisException", "ParseException"):
             raise UsageError(str(error).splitlines()[0]) from None
         raise
     finally:
         spark.stop()
+    cut = 0 < args.limit < len(rows)
+    rows = rows[:args.limit] if cut else rows
+
+    if args.json:
+        print(json.dumps([row.asDict(recursive=True) for row in rows], default=str))
+    else:
+        def text(value: object) -> str:
+            if value is None:
+                return "NULL"
+            if isinstance(value, bool):
+                return str(value).lower()
+            if isinstance(value, Row):
+                return json.dumps(value.asDict(recursive=True), default=str)
+            if isinstance(value, list | dict):
+                return json.dumps(value, default=str)
+            return str(value).replace("\n", "\\n")
+
+        def numeric(value: object) -> bool:
+            return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
+
+        cells = [[text(value) for value in row] for row in rows]
+        widths = [max([len(name), *(len(line[i]) for line in cells)])
+                  for i, name in enumerate(columns)]
+        print(" | ".join(name.ljust(width) for name, width in zip(columns, widths,
+                                                                   strict=True)).rstrip())
+        print("-+-".join("-" * width for width in widths))
+        for row, line in zip(rows, cells, strict=True):
+            print(" | ".join(cell.rjust(width) if numeric(value) else cell.ljust(width)
+                             for value, cell, width in zip(row, line, widths, strict=True)
+                             ).rstrip())
+        print(f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
+    if cut:
+        # Beside JSON on stdout, the note goes to stderr, so the output stays parseable.
+        print(f"(only the first {args.limit} rows: the query returns more; "
+              f"--limit N to see more, --limit 0 for all)",
+              file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -419,8 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--no-report", action="store_true",
                        help="skip the HTML data quality report")
 
-    sql = verb("sql", cmd_sql, "run SQL over the tables by name, e.g. bronze.ad_events")
+    sql = verb("sql", cmd_sql, "run SQL over the tables by name, e.g. bronze.ad_events, and "
+               "print the rows it returns as a text table")
     sql.add_argument("query")
+    sql.add_argument("--limit", type=non_negative_int, default=1000, metavar="N",
+                     help="print at most N rows (default 1000; 0: all); a last line says "
+                          "when the limit cut rows")
     sql.add_argument("--json", action="store_true", help="rows as JSON")
     return parser
 

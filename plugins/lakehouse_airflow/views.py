@@ -1,86 +1,351 @@
 """The lakehouse pages in the Airflow UI, served from the project's own data.
 
-``stream_health_page`` renders, per stream, its last batch time, input and processed rates,
-watermark, state rows and late rows from ``ops.stream_progress``, ``ops.late_data`` and the
-drivers' heartbeats; ``latest_report`` finds the newest data quality report. The tables are
-read with ``deltalake`` (delta-rs): no Spark in the API server.
+The stream health page lists every stream the pipeline runs, from the first second (a
+stream with no progress yet says so), with its state, last micro-batch, rates, watermark,
+state rows and late rows, and one verdict: green only when every stream is running and
+keeping up. ``read_snapshot`` does all the reading (``ops.stream_progress``,
+``ops.late_data``, ``ops.event_time_watermarks`` with ``deltalake``, i.e. delta-rs: no
+Spark in the API server; the drivers' heartbeats and leases); ``stream_statuses``,
+``verdict`` and ``render_stream_health`` are pure functions of it. ``latest_report`` finds
+the newest data quality report.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, Literal
 
 from spark_jobs import config
-from spark_jobs.config import Settings
+from spark_jobs.config import ConfigError, Settings
 from spark_jobs.ops import heartbeat
+from spark_jobs.ops.leases import holder
+
+# Every streaming query the pipeline runs (``spark_jobs.streaming.LAYERS``; each module's
+# ``QUERY_NAME``), in dependency order. Named here because importing those modules imports
+# PySpark, which the API server must not; ``tests/test_views.py`` keeps the two in step.
+STREAMS: tuple[str, ...] = ("bronze_ad_events", "silver_ad_events", "silver_ad_campaigns",
+                            "gold_campaign_stats", "gold_ad_attribution")
+# The windowed streams, and where their event-time watermark is recorded. Campaign stats
+# applies its watermark itself in ``foreachBatch`` (Spark reports none for it), so it is
+# in ``ops.event_time_watermarks``; the attribution join's is Spark's, in the progress.
+OWN_WATERMARK = "gold_campaign_stats"
+WINDOWED = frozenset({OWN_WATERMARK, "gold_ad_attribution"})
+# Spark's own definition of falling behind is a batch taking longer than the trigger
+# interval; one slow batch (a compaction, a catch-up after a restart) is not a trend.
+FALLING_BEHIND_BATCHES = 3
+# Spark reports this watermark before a stream has seen any event.
+NO_WATERMARK = datetime(1970, 1, 1, tzinfo=UTC)
 
 PROGRESS_TABLE = "ops/stream_progress"
 LATE_TABLE = "ops/late_data"
+WATERMARK_TABLE = "ops/event_time_watermarks"
+PROGRESS_COLUMNS = ["query_name", "batch_id", "batch_at", "num_input_rows",
+                    "input_rows_per_second", "processed_rows_per_second",
+                    "batch_duration_ms", "watermark", "state_rows",
+                    "rows_dropped_by_watermark"]
+
+Level = Literal["ok", "warn", "bad"]
+
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #1b1f24; }
 table { border-collapse: collapse; width: 100%; font-size: 0.9rem; }
 th, td { padding: 0.35rem 0.6rem; border-bottom: 1px solid #d0d7de; text-align: right; }
-th:first-child, td:first-child { text-align: left; }
-.bad { color: #b42318; font-weight: 600; } .ok { color: #067647; }
+th:first-child, td:first-child, td.state { text-align: left; }
+.bad { color: #b42318; font-weight: 600; } .ok { color: #067647; font-weight: 600; }
+.warn { color: #9a6700; font-weight: 600; } .muted { color: #656d76; }
 """
 
 
-def _table_rows(settings: Settings, relative: str) -> list[dict]:
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the stream health page shows, read at one moment."""
+
+    now: datetime
+    progress: list[dict[str, Any]]  # ops.stream_progress rows
+    late: list[dict[str, Any]]  # ops.late_data rows
+    watermarks: list[dict[str, Any]]  # ops.event_time_watermarks rows
+    heartbeats: list[dict[str, Any]]  # the drivers' heartbeat files
+    live_layers: frozenset[str]  # layers whose lease a running driver holds
+    problems: list[str]  # the drivers' health verdict (``heartbeat.health``)
+    stall_after: timedelta
+    trigger_interval: str  # the configured one, for drivers whose heartbeat has none
+    root: str = ""
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    """One row of the page: a stream's state and its latest micro-batch."""
+
+    stream: str
+    state: str
+    level: Level
+    last_batch_at: datetime | None = None
+    batch_id: int | None = None
+    input_rows_per_second: float | None = None
+    processed_rows_per_second: float | None = None
+    batch_duration_ms: int | None = None
+    watermark: datetime | None = None
+    windowed: bool = False
+    state_rows: int | None = None
+    rows_dropped_by_watermark: int | None = None
+    late_rows: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    level: Level
+    headline: str
+    reasons: list[str] = field(default_factory=list)
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+def _utc(value: Any) -> datetime | None:
+    """Delta timestamps as aware UTC datetimes (delta-rs gives UTC-aware or naive UTC)."""
+    if not isinstance(value, datetime):
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _table_rows(settings: Settings, relative: str,
+                columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """A Delta table's rows as plain Python values (ints stay ints, NULL is None)."""
     from deltalake import DeltaTable
 
     path = settings.table_path(relative)
     if not (Path(path) / "_delta_log").exists():
         return []
-    return DeltaTable(path).to_pandas().to_dict("records")
+    table = DeltaTable(path).to_pyarrow_table(columns=list(columns) if columns else None)
+    return table.to_pylist()
 
 
-def stream_health(settings: Settings) -> list[dict[str, object]]:
-    """One entry per stream: its latest micro-batch, and the late rows it could not take."""
-    latest: dict[str, dict] = {}
-    for row in _table_rows(settings, PROGRESS_TABLE):
-        seen = latest.get(row["query_name"])
-        if seen is None or row["batch_at"] > seen["batch_at"]:
-            latest[row["query_name"]] = row
-    late: dict[str, int] = {}
-    for row in _table_rows(settings, LATE_TABLE):
-        query = "gold_" + row["layer"].split(".", 1)[1]
-        late[query] = late.get(query, 0) + int(row["late_rows"])
-    return [{"stream": name, "last_batch_at": row["batch_at"], "batch_id": row["batch_id"],
-             "input_rows_per_second": row["input_rows_per_second"],
-             "processed_rows_per_second": row["processed_rows_per_second"],
-             "watermark": row["watermark"], "state_rows": row["state_rows"],
-             "rows_dropped_by_watermark": row["rows_dropped_by_watermark"],
-             "late_rows": late.get(name, 0)}
-            for name, row in sorted(latest.items())]
+def read_snapshot(settings: Settings, now: datetime | None = None) -> Snapshot:
+    """Read what the page shows: the ops tables, the heartbeats, the leases, the verdict."""
+    now = now or datetime.now(UTC)
+    # The heartbeat module's reader: the page and the health sensor see the same files.
+    beats = heartbeat._heartbeats(settings)
+    layers = {layer for beat in beats for layer in beat.get("layers", [])}
+    return Snapshot(
+        now=now,
+        progress=_table_rows(settings, PROGRESS_TABLE, PROGRESS_COLUMNS),
+        late=_table_rows(settings, LATE_TABLE, ["layer", "late_rows"]),
+        watermarks=_table_rows(settings, WATERMARK_TABLE,
+                               ["query_name", "batch_id", "watermark"]),
+        heartbeats=beats,
+        live_layers=frozenset(layer for layer in layers if holder(settings, layer)),
+        problems=heartbeat.health(settings, now).problems,
+        stall_after=heartbeat.stall_after(settings),
+        trigger_interval=settings.trigger_interval,
+        root=str(settings.root))
 
 
-def _cell(value: object) -> str:
-    if value is None or value != value:  # None or NaN/NaT
-        return "–"
-    if isinstance(value, float):
-        return f"{value:,.1f}"
-    return html.escape(str(value))
+# -- deciding ----------------------------------------------------------------------------
+
+
+def _latest_batches(progress: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each stream's recorded batches, newest first."""
+    batches: dict[str, list[dict[str, Any]]] = {}
+    for row in progress:
+        batches.setdefault(row["query_name"], []).append(row)
+    for rows in batches.values():
+        rows.sort(key=lambda row: (_utc(row["batch_at"]) or NO_WATERMARK, row["batch_id"]),
+                  reverse=True)
+    return batches
+
+
+def _own_watermark(rows: Iterable[dict[str, Any]]) -> datetime | None:
+    """The watermark of the latest batch of the stream that records its own.
+
+    A stream's watermark never goes back, so the latest batch's is the largest. (Only a
+    checkpoint reset, which starts the stream over, would make an older one larger.)
+    """
+    marks = [mark for row in rows if row["query_name"] == OWN_WATERMARK
+             and (mark := _utc(row["watermark"])) is not None]
+    return max(marks, default=None)
+
+
+def _late_rows(late: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Late rows per stream: the ledger names the table (``gold.campaign_stats``)."""
+    totals: dict[str, int] = {}
+    for row in late:
+        stream = str(row["layer"]).replace(".", "_")
+        totals[stream] = totals.get(stream, 0) + int(row["late_rows"] or 0)
+    return totals
+
+
+def _heartbeat_of(stream: str, heartbeats: Iterable[dict[str, Any]]
+                  ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The newest heartbeat naming the stream, and the stream's entry in it."""
+    found = [(beat, beat["queries"][stream]) for beat in heartbeats
+             if stream in beat.get("queries", {})]
+    return max(found, key=lambda pair: str(pair[0].get("written_at")), default=None)
+
+
+def _interval_ms(text: str | None, fallback: str) -> float:
+    try:
+        return config.interval_seconds(text or fallback) * 1000
+    except ConfigError:
+        return config.interval_seconds(fallback) * 1000
+
+
+def _falling_behind(batches: Sequence[dict[str, Any]], interval_ms: float,
+                    snapshot: Snapshot) -> bool:
+    """Its last batches each took longer than the trigger interval, and still do."""
+    recent = batches[:FALLING_BEHIND_BATCHES]
+    latest_at = _utc(recent[0]["batch_at"]) if recent else None
+    return (len(recent) == FALLING_BEHIND_BATCHES and latest_at is not None
+            and snapshot.now - latest_at <= snapshot.stall_after
+            and all((row["batch_duration_ms"] or 0) > interval_ms for row in recent))
+
+
+def _state(stream: str, batches: Sequence[dict[str, Any]], snapshot: Snapshot
+           ) -> tuple[str, Level]:
+    seen = _heartbeat_of(stream, snapshot.heartbeats)
+    if seen is None:
+        return ("not running (no driver runs it)", "warn") if batches else (
+            "not started yet", "warn")
+    beat, query = seen
+    if beat.get("stopped"):
+        return "stopped on request", "warn"
+    if not any(layer in snapshot.live_layers for layer in beat.get("layers", [])):
+        return "driver exited without a stop request", "bad"
+    if not query.get("active"):
+        return "not active", "bad"
+    written = heartbeat._parse(beat.get("written_at"))
+    if written is None or snapshot.now - written > snapshot.stall_after:
+        return "driver stopped beating", "bad"
+    progressed = heartbeat._parse(query.get("last_progress_at"))
+    if progressed is None:
+        return "not started yet", "warn"  # the driver is up; Spark has not reported yet
+    if snapshot.now - progressed > snapshot.stall_after:
+        return f"stalled since {_when(progressed)}", "bad"
+    if _falling_behind(batches, _interval_ms(beat.get("trigger_interval"),
+                                             snapshot.trigger_interval), snapshot):
+        return "falling behind", "bad"
+    return ("running" if batches else "running, no data yet"), "ok"
+
+
+def stream_statuses(snapshot: Snapshot) -> list[StreamStatus]:
+    """One status per stream the pipeline runs (and any other that recorded progress)."""
+    batches = _latest_batches(snapshot.progress)
+    late = _late_rows(snapshot.late)
+    names = list(STREAMS) + sorted(set(batches) - set(STREAMS))
+    statuses = []
+    for name in names:
+        rows = batches.get(name, [])
+        state, level = _state(name, rows, snapshot)
+        latest = rows[0] if rows else {}
+        if name == OWN_WATERMARK:
+            watermark = _own_watermark(snapshot.watermarks)
+        else:
+            watermark = _utc(latest.get("watermark"))
+        statuses.append(StreamStatus(
+            stream=name, state=state, level=level,
+            last_batch_at=_utc(latest.get("batch_at")), batch_id=latest.get("batch_id"),
+            input_rows_per_second=latest.get("input_rows_per_second"),
+            processed_rows_per_second=latest.get("processed_rows_per_second"),
+            batch_duration_ms=latest.get("batch_duration_ms"),
+            watermark=None if watermark is None or watermark <= NO_WATERMARK else watermark,
+            windowed=name in WINDOWED, state_rows=latest.get("state_rows"),
+            rows_dropped_by_watermark=latest.get("rows_dropped_by_watermark"),
+            late_rows=late.get(name, 0)))
+    return statuses
+
+
+def verdict(statuses: Sequence[StreamStatus], problems: Sequence[str] = ()) -> Verdict:
+    """Green only when every stream is running and keeping up and no driver has a problem.
+
+    ``problems`` is the drivers' verdict, the one the health sensor fails runs on. The
+    streams' states already say each of them per stream; it is listed only if no stream
+    does, so the page is never green while the sensor sees a problem.
+    """
+    bad = [f"{s.stream}: {s.state}" for s in statuses if s.level == "bad"]
+    if problems or bad:
+        return Verdict("bad", "a stream needs attention", bad or list(problems))
+    waiting = [f"{s.stream}: {s.state}" for s in statuses if s.level == "warn"]
+    if waiting:
+        return Verdict("warn", f"{len(statuses) - len(waiting)} of {len(statuses)} streams "
+                               "running", waiting)
+    return Verdict("ok", f"all {len(statuses)} streams running and keeping up")
+
+
+# -- rendering ---------------------------------------------------------------------------
+
+
+def _when(moment: datetime | None) -> str:
+    """A UTC time to the second."""
+    return "–" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _count(value: int | float | None) -> str:
+    """A count as an integer with thousands separators, whatever type it was read as."""
+    return "–" if value is None or value != value else f"{int(value):,}"
+
+
+def _rate(value: float | None) -> str:
+    return "–" if value is None or value != value else f"{value:,.1f}"
+
+
+def _seconds(milliseconds: int | None) -> str:
+    return "–" if milliseconds is None else f"{milliseconds / 1000:,.1f} s"
+
+
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("stream", "stream"), ("state", "state"), ("last batch (UTC)", "last_batch_at"),
+    ("batch", "batch_id"), ("input rows/s", "input_rows_per_second"),
+    ("processed rows/s", "processed_rows_per_second"), ("batch duration", "batch_duration_ms"),
+    ("watermark (UTC)", "watermark"), ("state rows", "state_rows"),
+    ("rows dropped by watermark", "rows_dropped_by_watermark"), ("late rows", "late_rows"))
+
+
+def _cells(status: StreamStatus) -> list[str]:
+    if not status.windowed:
+        watermark = "<span class='muted'>not windowed</span>"
+    elif status.watermark is None:
+        watermark = "<span class='muted'>none yet</span>"
+    else:
+        watermark = _when(status.watermark)
+    return [html.escape(status.stream),
+            f"<span class='{status.level}'>{html.escape(status.state)}</span>",
+            _when(status.last_batch_at), _count(status.batch_id),
+            _rate(status.input_rows_per_second), _rate(status.processed_rows_per_second),
+            _seconds(status.batch_duration_ms), watermark, _count(status.state_rows),
+            _count(status.rows_dropped_by_watermark), _count(status.late_rows)]
+
+
+def render_stream_health(statuses: Sequence[StreamStatus], outcome: Verdict,
+                         now: datetime, root: str = "") -> str:
+    """The page: the verdict, then one row per stream. It refreshes itself every 30 s."""
+    reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in outcome.reasons)
+    header = "".join(f"<th>{html.escape(title)}</th>" for title, _ in COLUMNS)
+    rows = "".join("<tr>" + "".join(
+        f"<td class='state'>{cell}</td>" if index == 1 else f"<td>{cell}</td>"
+        for index, cell in enumerate(_cells(status))) + "</tr>" for status in statuses)
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        "<meta http-equiv='refresh' content='30'><title>Stream health</title>"
+        f"<style>{STYLE}</style></head><body><h1>Stream health</h1>"
+        f"<p class='muted'>root: {html.escape(root)} · as of {_when(now)} UTC</p>"
+        f"<p class='{outcome.level}' id='verdict'>{html.escape(outcome.headline)}</p>"
+        + (f"<ul>{reasons}</ul>" if reasons else "")
+        + f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
+        "<p class='muted'>falling behind: each of a stream's last "
+        f"{FALLING_BEHIND_BATCHES} batches took longer than its trigger interval. "
+        "late rows: events that arrived after the watermark had closed their window "
+        "(ops.late_data; reprocessing repairs their dates).</p></body></html>")
 
 
 def stream_health_page(settings: Settings | None = None) -> str:
     settings = settings or config.load()
-    verdict = heartbeat.health(settings)
-    status = ("<p class='bad'>" + "<br>".join(html.escape(p) for p in verdict.problems)
-              + "</p>") if verdict.problems else (
-        "<p class='ok'>streams running and making progress</p>" if verdict.running
-        else "<p>no continuous stream is running</p>")
-    columns = ["stream", "last_batch_at", "batch_id", "input_rows_per_second",
-               "processed_rows_per_second", "watermark", "state_rows",
-               "rows_dropped_by_watermark", "late_rows"]
-    rows = "".join("<tr>" + "".join(f"<td>{_cell(entry[c])}</td>" for c in columns) + "</tr>"
-                   for entry in stream_health(settings))
-    header = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in columns)
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Stream health</title>"
-            f"<style>{STYLE}</style></head><body><h1>Stream health</h1>"
-            f"<p>root: {html.escape(str(settings.root))}</p>{status}"
-            f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
-            f"</body></html>")
+    snapshot = read_snapshot(settings)
+    statuses = stream_statuses(snapshot)
+    return render_stream_health(statuses, verdict(statuses, snapshot.problems),
+                                snapshot.now, snapshot.root)
 
 
 def latest_report(settings: Settings | None = None) -> Path | None:
