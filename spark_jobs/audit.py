@@ -22,7 +22,7 @@ from spark_jobs.ops import late_data, stream_progress
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
-from spark_jobs.tables import TableSpec
+from spark_jobs.tables import TableSpec, local_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -62,7 +62,7 @@ class Accounting:
 def _table(spark: SparkSession, settings: Settings, spec: TableSpec) -> DataFrame:
     path = settings.tables_dir / spec.relative_path
     if not (path / "_delta_log").exists():
-        return spark.createDataFrame([], spec.schema)
+        return local_rows(spark, [], spec.schema)
     return spark.read.format("delta").load(str(path))
 
 

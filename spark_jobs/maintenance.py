@@ -40,7 +40,7 @@ from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import stream_progress
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
-from spark_jobs.tables import TableSpec, ensure_table
+from spark_jobs.tables import TableSpec, ensure_table, local_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -184,7 +184,7 @@ def maintain(spark: SparkSession, settings: Settings, tables: list[str], *, run_
     if outcomes:
         ensure_table(spark, settings, HISTORY)
         run_at = datetime.now(UTC).replace(tzinfo=None)
-        (spark.createDataFrame([o.row(run_at) for o in outcomes], HISTORY_SCHEMA)
+        (local_rows(spark, [o.row(run_at) for o in outcomes], HISTORY_SCHEMA)
             .write.format("delta").mode("append").save(HISTORY.path(settings)))
     return outcomes
 

@@ -42,7 +42,11 @@ SCHEMA = StructType([
     StructField("ingest_date", DateType(), False),
 ])
 
-TABLE = TableSpec("bronze.ad_events", SCHEMA, partitioned_by=("ingest_date",))
+TABLE = TableSpec("bronze.ad_events", SCHEMA, partitioned_by=("ingest_date",),
+                  stats_columns=("ingested_at",))
+
+# The observed metric holding a micro-batch's record count (``ops.stream_progress``).
+RECORDS_METRIC = "records"
 
 # Files in the landing zone; Spark's file source already skips the hidden names that
 # writers use before their atomic rename.
@@ -99,7 +103,10 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
         raise ConfigError(f"source = {settings.source!r}: only the 'files' landing zone is "
                           f"built so far; the Kafka reader is not")
     ensure_table(spark, settings, TABLE)
-    return (lines_from_files(read_landing(spark, settings)).writeStream
+    # The source counts files (each is read whole); the records are counted on the way.
+    records = lines_from_files(read_landing(spark, settings)).observe(
+        RECORDS_METRIC, F.count(F.lit(1)).alias("rows"))
+    return (records.writeStream
             .queryName(QUERY_NAME)
             .format("delta")
             .outputMode("append")

@@ -92,23 +92,26 @@ def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int,
             settings: Settings) -> None:
     delay = timedelta(seconds=interval_seconds(settings.watermark_delay))
     watermark = event_time_watermarks.watermark_before(spark, settings, query_id, batch_id, delay)
-    fresh = gold_rebuilds.not_yet_counted(spark, settings, silver.TABLE.path(settings), batch)
-    events = fresh.withColumn("_window", event_window(settings.window_duration)).persist()
+    # Cached first: every step below reads the micro-batch, which is then scanned once.
+    rows = batch.withColumn("_window", event_window(settings.window_duration)).persist()
     try:
+        events = gold_rebuilds.not_yet_counted(spark, settings, silver.TABLE.path(settings),
+                                               rows)
         closed = (F.lit(False) if watermark is None
                   else F.col("_window.end") <= F.lit(watermark))
-        late = (events.where(closed)
-                .groupBy("event_date", F.col("_window.start").alias("window_start"))
-                .agg(F.count("*").alias("late_rows")))
-        (late.select(F.lit(LAYER).alias("layer"), "event_date", "window_start", "late_rows",
-                     F.lit(watermark).cast("timestamp").alias("watermark"),
-                     F.lit(query_id).alias("query_id"), F.lit(batch_id).cast("long")
-                     .alias("batch_id"), F.current_timestamp().alias("recorded_at"),
-                     F.lit(None).cast("timestamp").alias("repaired_at"))
-            .where(F.col("watermark").isNotNull())
-            .write.format("delta").mode("append")
-            .options(**idempotent_append_options(query_id, batch_id))
-            .save(late_data.TABLE.path(settings)))
+        if watermark is not None:  # before any watermark nothing is late: no empty commit
+            late = (events.where(closed)
+                    .groupBy("event_date", F.col("_window.start").alias("window_start"))
+                    .agg(F.count("*").alias("late_rows")))
+            (late.select(F.lit(LAYER).alias("layer"), "event_date", "window_start",
+                         "late_rows", F.lit(watermark).cast("timestamp").alias("watermark"),
+                         F.lit(query_id).alias("query_id"),
+                         F.lit(batch_id).cast("long").alias("batch_id"),
+                         F.current_timestamp().alias("recorded_at"),
+                         F.lit(None).cast("timestamp").alias("repaired_at"))
+                .write.format("delta").mode("append")
+                .options(**idempotent_append_options(query_id, batch_id))
+                .save(late_data.TABLE.path(settings)))
 
         mapping = spark.read.format("delta").load(ad_campaigns.TABLE.path(settings))
         stats = campaign_stats(events.where(~closed).drop("_window"), mapping,
@@ -120,7 +123,7 @@ def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int,
         event_time_watermarks.record(spark, settings, QUERY_NAME, query_id, batch_id,
                                      latest, watermark)
     finally:
-        events.unpersist()
+        rows.unpersist()
 
 
 def read_silver_stream(spark: SparkSession, settings: Settings) -> DataFrame:

@@ -9,6 +9,7 @@ version: the rebuild counted them, the stream counts only what came after.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from functools import reduce
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, LongType, StructField, StructType, TimestampType
 
 from spark_jobs.config import Settings
-from spark_jobs.tables import TableSpec
+from spark_jobs.tables import TableSpec, local_rows
 
 if TYPE_CHECKING:
     from datetime import date
@@ -36,9 +37,8 @@ def record(spark: SparkSession, settings: Settings, days: list[date], silver_ver
            ) -> None:
     """Recorded before gold is replaced, so a stream batch racing the rebuild either sees
     the record or conflicts with the replace and is retried (and then sees it)."""
-    (spark.createDataFrame([(day, silver_version) for day in days],
-                           "event_date date, silver_version long")
-        .withColumn("rebuilt_at", F.current_timestamp())
+    now = datetime.now(UTC).replace(tzinfo=None)
+    (local_rows(spark, [(day, silver_version, now) for day in days], SCHEMA)
         .write.format("delta").mode("append").save(TABLE.path(settings)))
 
 

@@ -19,8 +19,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from spark_jobs.bronze.ad_events import RECORDS_METRIC
 from spark_jobs.config import Settings
-from spark_jobs.tables import TableSpec, ensure_table
+from spark_jobs.tables import TableSpec, ensure_table, local_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,21 +76,42 @@ class ProgressRecorder:
         rows, self._rows = self._rows, []
         if rows:
             ensure_table(spark, settings, TABLE)
-            (spark.createDataFrame(rows, SCHEMA).write.format("delta").mode("append")
+            (local_rows(spark, rows, SCHEMA).write.format("delta").mode("append")
                 .save(TABLE.path(settings)))
         return len(rows)
 
 
+def input_records(progress: StreamingQueryProgress) -> int:
+    """Records a micro-batch read. A stream that observes ``records`` (the landing zone,
+    read a file at a time) says so itself; a join reads the same table once per side, so
+    the widest source counts, not their sum."""
+    observed = (progress.observedMetrics or {}).get(RECORDS_METRIC)
+    if observed is not None:
+        return int(observed["rows"])
+    return max((source.numInputRows for source in progress.sources), default=0)
+
+
 def _row(progress: StreamingQueryProgress) -> tuple[object, ...]:
     operators = progress.stateOperators or []
+    records = input_records(progress)
+    seconds = (progress.batchDuration or 0) / 1000
     return (
         progress.name or str(progress.id), str(progress.runId), progress.batchId,
-        _utc(progress.timestamp), progress.numInputRows,
-        _finite(progress.inputRowsPerSecond), _finite(progress.processedRowsPerSecond),
+        _utc(progress.timestamp), records,
+        _rescaled(progress.inputRowsPerSecond, records, progress.numInputRows),
+        records / seconds if seconds > 0 else None,
         progress.batchDuration, _utc((progress.eventTime or {}).get("watermark")),
         sum(op.numRowsTotal for op in operators) if operators else None,
         sum(op.numRowsDroppedByWatermark for op in operators) if operators else None,
     )
+
+
+def _rescaled(rate: float | None, records: int, counted: int) -> float | None:
+    """Spark's input rate over what it counted, as a rate of ``records``."""
+    rate = _finite(rate)
+    if rate is None or counted <= 0:
+        return rate if records == counted else None
+    return rate * records / counted
 
 
 def _finite(value: float | None) -> float | None:

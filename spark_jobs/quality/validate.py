@@ -26,7 +26,7 @@ from spark_jobs.quality import results, suites
 from spark_jobs.quality.results import Result
 from spark_jobs.quality.suites import CRITICAL, WARNING, Suite
 from spark_jobs.silver import ad_events as silver
-from spark_jobs.tables import ensure_table
+from spark_jobs.tables import ensure_table, local_rows
 
 if TYPE_CHECKING:
     from great_expectations.data_context import AbstractDataContext
@@ -141,7 +141,7 @@ def validate(spark: SparkSession, settings: Settings, tables: list[str],
             frame.unpersist()
     ensure_table(spark, settings, results.TABLE)
     rows = [r.row() for verdict in run.verdicts for r in verdict.results]
-    (spark.createDataFrame(rows, results.SCHEMA)
+    (local_rows(spark, rows, results.SCHEMA)
         .write.format("delta").mode("append").save(results.TABLE.path(settings)))
     return run
 

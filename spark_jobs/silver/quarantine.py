@@ -27,7 +27,8 @@ SCHEMA = StructType([
     StructField("quarantined_at", TimestampType(), False),
 ])
 
-TABLE = TableSpec("silver.quarantine", SCHEMA, partitioned_by=("ingest_date",))
+TABLE = TableSpec("silver.quarantine", SCHEMA, partitioned_by=("ingest_date",),
+                  stats_columns=("reason", "ingested_at"))
 
 
 def rejected(validated: DataFrame) -> DataFrame:
