@@ -50,7 +50,7 @@ run-once: setup
 	$(BIN)/lakehouse audit --root $(ROOT) --expected
 
 bench: setup
-	$(BIN)/python -m spark_jobs.bench --root .cache/bench
+	$(BIN)/python -m spark_jobs.bench --root .cache/bench --results bench/results
 
 clean:
 	rm -rf $(VENV) .cache $(ROOT)

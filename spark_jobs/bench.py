@@ -1,26 +1,33 @@
-"""``make bench``: what maintenance buys, measured side by side in one run.
+"""``make bench``: the pipeline against its ceilings, and what maintenance buys.
 
-Writes silver and gold as a stream with many short triggers would (one small append per
-micro-batch), times two selective queries (one ``ad_id`` over a week of silver, one
-campaign over one day of gold), runs ``lakehouse maintain``'s OPTIMIZE, and times them
-again. A third copy is written with Delta's auto compaction on, to measure small files
-avoided at the source. Results go to ``<root>/results.json`` and a short table.
+The pipeline part is ``spark_jobs.pipeline_bench``. The maintenance part writes silver and
+gold as a stream with many short triggers would (one small append per micro-batch), times
+two selective queries (one ``ad_id`` over a week of silver, one campaign over one day of
+gold), runs ``lakehouse maintain``'s OPTIMIZE, and times them again. A third copy is
+written with Delta's auto compaction on, to measure small files avoided at the source.
+Results go to ``bench/results/bench-<time>.json`` (with the machine and versions) and a
+short table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import shutil
 import statistics
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from importlib import metadata
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs import config
+from spark_jobs import config, pipeline_bench
+from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import campaign_stats
 from spark_jobs.maintenance import optimize
 from spark_jobs.session import build_spark
@@ -76,10 +83,9 @@ def best_seconds(query: Callable[[], object]) -> float:
     return statistics.median(timings)
 
 
-def run(root: Path) -> dict[str, object]:
+def run(spark: SparkSession, root: Path) -> dict[str, object]:
     shutil.rmtree(root, ignore_errors=True)
     settings = config.load({"root": root})
-    spark = build_spark(settings, app_name="lakehouse-bench")
     silver_path, gold_path = silver.TABLE.path(settings), campaign_stats.TABLE.path(settings)
     auto_path = str(root / "tables" / "bench" / "silver_auto_compacted")
     ensure_table(spark, settings, silver.TABLE)
@@ -111,7 +117,6 @@ def run(root: Path) -> dict[str, object]:
                 for name in (silver.TABLE.name, campaign_stats.TABLE.name)]
     after = {name: best_seconds(query) for name, query in queries.items()}
     auto_files = int(spark.sql(f"DESCRIBE DETAIL delta.`{auto_path}`").first().numFiles)
-    spark.stop()
 
     return {
         "micro_batches": MICRO_BATCHES, "events": MICRO_BATCHES * EVENTS_PER_BATCH,
@@ -146,14 +151,52 @@ def render(results: dict) -> str:
     return "\n".join(lines)
 
 
+def corpus(root: Path, events: int) -> int:
+    """A day of messy events (the generator's default mess) in ``root``; records delivered."""
+    request = GenerateRequest(events=events, seed=7, start=datetime.now(UTC), mess=Mess(),
+                              events_per_file=20_000, span=timedelta(days=1))
+    shutil.rmtree(root, ignore_errors=True)
+    counts = generate(request, root / "events", root / "campaigns",
+                      root / "expected_counts.json")
+    return counts.delivered
+
+
+def machine() -> dict[str, object]:
+    import pyspark
+
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"cores": os.cpu_count(), "memory_gib": round(memory / 2**30, 1),
+            "python": platform.python_version(), "pyspark": pyspark.__version__,
+            "delta_spark": metadata.version("delta-spark"), "platform": platform.platform()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, default=Path(".cache/bench"))
-    root = parser.parse_args().root.resolve()
-    results = run(root)
-    (root / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    print(render(results))
-    print(f"results: {root / 'results.json'}")
+    parser.add_argument("--root", type=Path, default=Path(".cache/bench"),
+                        help="scratch folder (wiped)")
+    parser.add_argument("--results", type=Path, default=Path("bench/results"),
+                        help="where the JSON results go")
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--repetitions", type=int, default=3)
+    args = parser.parse_args()
+    root = args.root.resolve()
+    records = corpus(root / "corpus", args.events)
+    # One batch per layer, as a backlog is caught up; the project's settings otherwise.
+    settings = config.load({"root": root / "lake", "max_files_per_trigger": 100_000})
+    spark = build_spark(settings, app_name="lakehouse-bench")
+    try:
+        results = {"machine": machine(), "at": datetime.now(UTC).isoformat(timespec="seconds"),
+                   "pipeline": pipeline_bench.run(spark, settings, root / "corpus", records,
+                                                  args.repetitions),
+                   "maintenance": run(spark, root / "maintenance")}
+    finally:
+        spark.stop()
+    args.results.mkdir(parents=True, exist_ok=True)
+    output = args.results / f"bench-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
+    output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(pipeline_bench.render(results["pipeline"]))
+    print(render(results["maintenance"]))
+    print(f"results: {output}")
 
 
 if __name__ == "__main__":

@@ -11,12 +11,12 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from spark_jobs import config
-from spark_jobs.config import ConfigError, Settings, parse_choices
+from spark_jobs.config import ConfigError, Settings, interval_seconds, parse_choices
 
 log = logging.getLogger("lakehouse")
 
@@ -85,6 +85,7 @@ def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
     request = GenerateRequest(
         events=args.events, seed=args.seed, start=args.start or datetime.now(UTC), mess=mess,
         events_per_file=args.events_per_file, rate=args.rate,
+        span=timedelta(seconds=interval_seconds(args.span)) if args.span else timedelta(0),
         derive_missing_event_id=settings.derive_missing_event_id)
     stop = stop_on_signals() if args.rate else None
     counts = generate(request, settings.landing_events, settings.landing_campaigns,
@@ -387,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--start", type=utc_datetime,
                           help="'now' of the generated events (default: the clock)")
     generate.add_argument("--events-per-file", type=non_negative_int, default=5000)
+    generate.add_argument("--span", help="spread event times over this interval ending at "
+                          "--start, e.g. '1 day' (default: all at --start)")
     generate.add_argument("--rate", type=positive_number,
                           help="events per second, generated until interrupted")
     from spark_jobs.generator import Mess

@@ -357,6 +357,9 @@ class GenerateRequest:
     mess: Mess
     events_per_file: int = 5000
     rate: float | None = None  # events per second; None writes everything at once
+    # Event time spread evenly over this span, ending at ``start`` (without a rate): a day
+    # of traffic exercises windows, watermarks and dates as production does.
+    span: timedelta = timedelta(0)
     derive_missing_event_id: bool = False
 
 
@@ -377,7 +380,9 @@ def generate(request: GenerateRequest, landing_events: Path, landing_campaigns: 
         batch = min(remaining, request.events_per_file) if not request.rate else max(
             1, int(request.rate))
         started = time.monotonic()
-        now = request.start if not request.rate else datetime.now(UTC)
+        done = request.events - remaining
+        now = (datetime.now(UTC) if request.rate
+               else request.start - request.span * (1 - done / max(request.events, 1)))
         file_counts = ExpectedCounts(files=1)
         lines = list(generator.records(batch, now, file_counts))
         content, extension = generator.file_bytes(lines)

@@ -107,3 +107,28 @@ def test_rates_outside_zero_to_one_are_refused() -> None:
         Mess(malformed=1.5)
     with pytest.raises(ValueError, match="add up to"):
         Mess(malformed=0.6, bad_time=0.6)
+
+
+def test_a_span_spreads_event_time_over_a_day_ending_at_start(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    request = GenerateRequest(events=2000, seed=3, start=START, mess=Mess(late=0, future_time=0),
+                              events_per_file=500, span=timedelta(days=1))
+    generate(request, tmp_path / "events", tmp_path / "campaigns", tmp_path / "expected.json")
+    # Four files: the first written a whole span before START, each next a quarter later,
+    # and nothing after START (an event's time is at most 5 s before its file's moment).
+    hours = set()
+    for line in read_lines(tmp_path / "events"):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        moment = record.get("event_time") if isinstance(record, dict) else None
+        if isinstance(moment, str) and moment.endswith("Z") and "T" in moment:
+            try:
+                when = datetime.fromisoformat(moment.replace("Z", "+00:00"))
+            except ValueError:
+                continue  # a deliberately bad time
+            assert START - timedelta(days=1, seconds=5) <= when <= START
+            hours.add(round((START - when).total_seconds() / 3600))
+    assert hours == {24, 18, 12, 6}

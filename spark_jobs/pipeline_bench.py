@@ -1,0 +1,120 @@
+"""The pipeline against its ceilings, side by side in one run.
+
+The same corpus of messy events (a day of event time) goes, in interleaved repetitions,
+through:
+
+- **C0**, the plainest Spark job that lands it: the files read as text, appended to a
+  Delta table;
+- **C1**, C0 plus ``from_json`` into typed columns: the parse ceiling;
+- **the pipeline**: bronze, silver and gold streams with ``--available-now`` on a fresh
+  root, each layer's rate taken from its own ``ops.stream_progress`` rows (records read
+  over the time its micro-batches took).
+
+All three use the project's own Spark settings and session, so the ratios bronze/C0 and
+silver/C1 say what the pipeline's own work costs on this machine, whatever its speed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs import streaming
+from spark_jobs.config import Settings
+from spark_jobs.ops import stream_progress
+
+# The typed columns C1 parses into: the contract's fields, as a plain job would read them.
+C1_SCHEMA = ("event_id string, event_time string, event_type string, ad_id string, "
+             "user_id string, page_id string, ad_type string, ip_address string, price string")
+LAYER_QUERIES = {"bronze": ("bronze_ad_events",), "silver": ("silver_ad_events",),
+                 "gold": ("gold_campaign_stats", "gold_ad_attribution")}
+
+
+def _timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def ceiling_c0(spark: SparkSession, landing: Path, target: Path) -> float:
+    shutil.rmtree(target, ignore_errors=True)
+    return _timed(lambda: spark.read.text(str(landing)).write.format("delta")
+                  .mode("append").save(str(target)))
+
+
+def ceiling_c1(spark: SparkSession, landing: Path, target: Path) -> float:
+    shutil.rmtree(target, ignore_errors=True)
+    return _timed(lambda: spark.read.text(str(landing))
+                  .select(F.from_json("value", C1_SCHEMA).alias("event")).select("event.*")
+                  .write.format("delta").mode("append").save(str(target)))
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """The corpus into a fresh landing zone without copying bytes (hard links)."""
+    for path in source.rglob("*"):
+        if path.is_file():
+            destination = target / path.relative_to(source)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, destination)
+
+
+def pipeline(spark: SparkSession, settings: Settings, corpus: Path) -> dict[str, Any]:
+    """Every layer over the corpus on a fresh root; rates per layer from its progress."""
+    shutil.rmtree(settings.root, ignore_errors=True)
+    _link_tree(corpus, settings.root / "landing")
+    wall = _timed(lambda: streaming.run_available_now(spark, settings, list(LAYER_QUERIES)))
+    progress = spark.read.format("delta").load(stream_progress.TABLE.path(settings))
+    per_query = {row.query_name: (row.rows, row.ms / 1000) for row in progress
+                 .groupBy("query_name").agg(F.sum("num_input_rows").alias("rows"),
+                                            F.sum("batch_duration_ms").alias("ms")).collect()}
+    layers = {}
+    for layer, queries in LAYER_QUERIES.items():
+        rows = max(per_query[q][0] for q in queries)
+        seconds = sum(per_query[q][1] for q in queries)
+        layers[layer] = {"rows": rows, "seconds": round(seconds, 2),
+                         "rows_per_second": round(rows / seconds)}
+    return {"wall_seconds": round(wall, 2), "layers": layers}
+
+
+def run(spark: SparkSession, settings: Settings, corpus: Path, records: int,
+        repetitions: int) -> dict[str, Any]:
+    """C0, C1 and the pipeline, ``repetitions`` times interleaved; medians and ranges."""
+    landing = corpus / "events"
+    scratch = settings.root.parent / "ceilings"
+    ceiling_c0(spark, landing, scratch / "warm-up")  # JIT and file cache, not measured
+    samples: dict[str, list[float]] = {"C0": [], "C1": [], "bronze": [], "silver": [],
+                                       "gold": [], "pipeline": []}
+    for _ in range(repetitions):
+        samples["C0"].append(records / ceiling_c0(spark, landing, scratch / "c0"))
+        samples["C1"].append(records / ceiling_c1(spark, landing, scratch / "c1"))
+        measured = pipeline(spark, settings, corpus)
+        for layer, figures in measured["layers"].items():
+            samples[layer].append(figures["rows_per_second"])
+        samples["pipeline"].append(records / measured["wall_seconds"])
+    rates = {name: {"median": round(statistics.median(values)), "min": round(min(values)),
+                    "max": round(max(values))} for name, values in samples.items()}
+    return {
+        "records": records, "repetitions": repetitions, "rows_per_second": rates,
+        "ratios": {"bronze/C0": round(rates["bronze"]["median"] / rates["C0"]["median"], 2),
+                   "silver/C1": round(rates["silver"]["median"] / rates["C1"]["median"], 2)},
+        "targets": {"bronze/C0": 0.8, "silver/C1": 0.5, "pipeline_rows_per_second": 15_000},
+    }
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = [f"{results['records']} records, {results['repetitions']} interleaved repetitions "
+             f"(rows/s: median [min-max])",
+             f"{'stage':<10}{'median':>10}{'range':>22}"]
+    for name, rate in results["rows_per_second"].items():
+        lines.append(f"{name:<10}{rate['median']:>10,}{rate['min']:>11,} - {rate['max']:<9,}")
+    lines.append("ratios: " + ", ".join(f"{name} {value}"
+                                        for name, value in results["ratios"].items()))
+    return "\n".join(lines)
