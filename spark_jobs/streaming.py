@@ -56,18 +56,8 @@ def parse_layers(text: str | None) -> list[str]:
 
 def _start_layer(spark: SparkSession, settings: Settings, layer: str,
                  trigger: dict[str, object]) -> list[StreamingQuery]:
-    """Start the layer's queries, each in a scheduler pool of its own: under FAIR
-    scheduling a long gold MERGE no longer holds up bronze's and silver's tasks."""
-    queries = []
-    for module_name in LAYERS[layer]:
-        module = importlib.import_module(module_name)
-        # A query's thread inherits the local properties set when it starts.
-        spark.sparkContext.setLocalProperty("spark.scheduler.pool", module.QUERY_NAME)
-        try:
-            queries.append(module.start(spark, settings, trigger))
-        finally:
-            spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
-    return queries
+    return [importlib.import_module(module).start(spark, settings, trigger)
+            for module in LAYERS[layer]]
 
 
 def _raise_if_failed(queries: Iterable[StreamingQuery]) -> None:
