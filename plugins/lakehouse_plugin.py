@@ -1,18 +1,24 @@
 """The lakehouse in the Airflow UI: a stream health page and the latest quality report.
 
 Both are served by a small FastAPI app mounted in Airflow's API server under
-``/lakehouse`` and linked from the navigation bar.
+``/lakehouse`` and linked from the navigation bar (Browse). Airflow mounts a plugin's app
+without its own authentication, so the app declares it: every route needs the login the
+Airflow UI needs (the UI's JWT cookie or an API bearer token, checked by Airflow's own
+security dependency), else 401.
 """
 
 from __future__ import annotations
 
+from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+from airflow.api_fastapi.core_api.security import requires_access_view
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from lakehouse_airflow.views import latest_report, report_file, stream_health_page
 
-app = FastAPI(title="Lakehouse")
+app = FastAPI(title="Lakehouse",
+              dependencies=[Depends(requires_access_view(AccessView.WEBSITE))])
 
 
 @app.get("/health", response_class=HTMLResponse)

@@ -10,6 +10,7 @@ so it does not restart them), then Airflow.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ from spark_jobs.config import Settings
 DAGS = ("lakehouse_streaming", "lakehouse_quality", "lakehouse_maintenance",
         "lakehouse_reprocess")
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ def airflow_environment(settings: Settings, port: int) -> dict[str, str]:
     env = environment(settings)
     env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "False"
     env.setdefault("AIRFLOW__API__PORT", str(port))
+    # Loopback unless the user exposes it deliberately (README, "Security").
+    env.setdefault("AIRFLOW__API__HOST", LOOPBACK)
     env.setdefault("AIRFLOW__API__BASE_URL", f"http://localhost:{port}")
     # The demo's executor runs the streaming driver and the periodic jobs side by side.
     env.setdefault("AIRFLOW__CORE__PARALLELISM", "8")
@@ -51,9 +55,19 @@ def _bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-def wait_until_healthy(port: int, timeout: float, airflow: subprocess.Popen[bytes]) -> None:
+def reachable_host(bound: str) -> str:
+    """Where this machine reaches a server bound to ``bound`` (an unspecified address
+    means every interface, loopback included)."""
+    try:
+        return LOOPBACK if ipaddress.ip_address(bound).is_unspecified else bound
+    except ValueError:  # a host name
+        return bound
+
+
+def wait_until_healthy(host: str, port: int, timeout: float,
+                       airflow: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + timeout
-    url = f"http://localhost:{port}/api/v2/monitor/health"
+    url = f"http://{reachable_host(host)}:{port}/api/v2/monitor/health"
     while True:
         if airflow.poll() is not None:
             raise RuntimeError(f"airflow standalone exited with status {airflow.returncode}")
@@ -88,10 +102,14 @@ def run(settings: Settings, options: DemoOptions) -> int:
     status = 0
     try:
         print(f"starting Airflow (log: {log_dir / 'airflow-standalone.log'}) ...", flush=True)
-        wait_until_healthy(options.port, options.startup_timeout, airflow)
+        host = env["AIRFLOW__API__HOST"]
+        wait_until_healthy(host, options.port, options.startup_timeout, airflow)
         passwords = Path(env["AIRFLOW_HOME"]) / PASSWORDS_FILE
+        exposure = (f"listening on {host} only; AIRFLOW__API__HOST=<address> exposes it"
+                    if host == LOOPBACK else f"listening on {host}")
         print(f"\nAirflow UI: http://localhost:{options.port}  (user admin; the generated "
               f"password is in {passwords})\n"
+              f"{exposure}\n"
               f"DAGs (unpaused): {', '.join(DAGS)}\n"
               f"demo feed: {options.rate:g} messy events/s into {settings.landing_events}\n"
               f"tables: {settings.tables_dir}  (lakehouse sql --root {settings.root} "

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
@@ -268,32 +269,52 @@ def test_validate_refuses_bad_parameters(tmp_path) -> None:
 
 PLUGIN_CHECK = """
 import json
+from airflow.api_fastapi.app import init_auth_manager
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from fastapi.testclient import TestClient
 from lakehouse_plugin import app
-client = TestClient(app)
+# Airflow's own auth manager signs the token, as its API server does at login.
+token = init_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+anonymous = TestClient(app)
+forged = TestClient(app, headers={"Authorization": "Bearer not-a-token"})
+client = TestClient(app, headers={"Authorization": f"Bearer {token}"})
 link = client.get("/quality", follow_redirects=False)
 page = client.get("/" + link.headers["location"])
 docs = client.get("/reports/data_docs/index.html")
 escape = client.get("/reports/..%2Fcatalog.sql")
-print(json.dumps({"link": [link.status_code, link.headers["location"]],
-                  "page": [page.status_code, "Lakehouse data quality" in page.text],
-                  "docs": docs.status_code, "escape": escape.status_code}))
+print(json.dumps({
+    "anonymous": [anonymous.get(path, follow_redirects=False).status_code
+                  for path in ("/health", "/quality", "/" + link.headers["location"])],
+    "forged": forged.get("/health").status_code,
+    "cookie": TestClient(app, cookies={"_token": token}).get("/health").status_code,
+    "link": [link.status_code, link.headers["location"]],
+    "page": [page.status_code, "Lakehouse data quality" in page.text],
+    "docs": docs.status_code, "escape": escape.status_code}))
 """
 
 
-def test_the_ui_plugin_serves_the_latest_report_and_its_data_docs(broken_root,
-                                                                  broken_validation) -> None:
+def test_the_ui_plugin_serves_the_latest_report_and_its_data_docs_to_logged_in_users(
+        broken_root, broken_validation, tmp_path) -> None:
     import os
     import sys
 
     from spark_jobs.config import PROJECT_DIR
 
     env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR / "plugins"),
-           "LAKEHOUSE_ROOT": str(broken_root.root)}
+           "LAKEHOUSE_ROOT": str(broken_root.root), "AIRFLOW_HOME": str(tmp_path / "airflow")}
+    # Airflow's database holds the revoked tokens every authenticated request is checked
+    # against, as in the API server.
+    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env,
+                   capture_output=True, timeout=300, check=True)
     done = subprocess.run([sys.executable, "-c", PLUGIN_CHECK], env=env, capture_output=True,
-                          text=True, timeout=120, check=True)
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
     served = json.loads(done.stdout.strip().splitlines()[-1])
     [page] = sorted(broken_root.reports_dir.glob("quality-*.html"))
+    # Without the Airflow login nothing is served, a forged token neither; the UI's JWT
+    # cookie is accepted like the API's bearer token (that is how the UI's menu opens them).
+    assert served["anonymous"] == [401, 401, 401] and served["forged"] == 403
+    assert served["cookie"] == 200
     # A redirect into reports/, so the report's relative Data Docs links resolve there.
     assert served["link"] == [307, f"reports/{page.name}"]
     assert served["page"] == [200, True] and served["docs"] == 200
