@@ -111,3 +111,61 @@ def test_audit_fails_on_an_unprocessed_or_doubly_placed_record(spark, settings) 
         .mode("append").save(silver.TABLE.path(settings)))
     result = account(spark, settings)
     assert result.accounted_twice == 1 and not result.identity_holds
+
+
+def files_read(spark, settings, scope: str) -> int:
+    """How many silver files a scan with a MERGE's scope reads: Delta skips the others by
+    partition and statistics, for the MERGE as for this scan."""
+    frame = spark.read.format("delta").load(silver.TABLE.path(settings)).alias("t").where(
+        scope)
+    frame.collect()
+    plan = frame._jdf.queryExecution().executedPlan()
+    leaves = plan.collectLeaves()
+    return sum(int(leaves.apply(i).metrics().apply("numFiles").value())
+               for i in range(leaves.size()) if leaves.apply(i).metrics().contains("numFiles"))
+
+
+def test_a_batch_looks_only_at_the_silver_files_around_its_own_event_times(spark,
+                                                                           settings) -> None:
+    prepare(spark, settings)
+    # Five hours of a steady feed, a batch an hour, each event a minute before ingestion.
+    for hour in range(5):
+        ingested = INGESTED - timedelta(hours=5 - hour)
+        when = (ingested - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        silver.process(spark, bronze_frame(spark, [view(f"e-{hour}-{n}", when)
+                                                    for n in range(3)],
+                                           ingested_at=ingested, file_name=f"h{hour}.jsonl"),
+                       APP, hour, settings=settings)
+    # Now: two new events (one twice) and, five hours late, a copy of the first hour's.
+    batch = bronze_frame(spark, [view("new-1"), view("new-2"), view("new-1"),
+                                 view("e-0-0", "2026-11-22T06:59:00Z")], file_name="now.jsonl")
+    scopes = silver.merge_scopes(silver.first_deliveries(silver.accepted(
+        validate(batch, Rules.from_settings(settings)))), settings)
+    # Silver holds five files of the date, one per batch. The on-time events (11:59-12:00)
+    # overlap none (the latest ended at 10:59); the late copy (06:59) the first hour's only.
+    assert files_read(spark, settings, scopes[True]) == 0
+    assert files_read(spark, settings, scopes[False]) == 1
+    assert files_read(spark, settings, "t.event_date = DATE'2026-11-22'") == 5  # the date
+    silver.process(spark, batch, APP, 5, settings=settings)
+    # 15 earlier events and the two new ones: the late copy is found, the double is one.
+    assert sorted(row.event_id for row in silver_rows(spark, settings))[-2:] == [
+        "new-1", "new-2"]
+    assert len(silver_rows(spark, settings)) == 17
+
+
+def test_every_copy_is_found_whatever_class_and_minute_it_comes_in(spark, settings) -> None:
+    prepare(spark, settings)
+    times = ["2026-11-22T11:59:30Z", "2026-11-22T11:58:59.999Z", "2026-11-21T23:59:59.999Z",
+             "2026-11-19T08:00:00.001Z", "2026-11-22T12:00:00Z"]
+    # First seen on time (the first two, the last) or late (the others), ...
+    silver.process(spark, bronze_frame(spark, [view(f"e-{n}", when)
+                                               for n, when in enumerate(times)]),
+                   APP, 0, settings=settings)
+    # ... then all seen again, days later, in one batch with a new event on time.
+    again = [view(f"e-{n}", when) for n, when in enumerate(times)]
+    later = INGESTED + timedelta(days=2)
+    silver.process(spark, bronze_frame(spark, [*again, view("fresh", "2026-11-24T11:59:00Z")],
+                                       ingested_at=later, file_name="again.jsonl"),
+                   APP, 1, settings=settings)
+    assert sorted(row.event_id for row in silver_rows(spark, settings)) == [
+        "e-0", "e-1", "e-2", "e-3", "e-4", "fresh"]

@@ -4,16 +4,19 @@ Grain: one row per distinct valid event, however late or often it was delivered;
 keeps the first delivery's bronze identity. Partitioned by ``event_date`` (UTC), so date
 ranges prune, and a late event lands in its own date.
 
-Deduplication is exact across all history: each micro-batch is deduplicated in itself,
-then inserted with an insert-only MERGE on ``event_id`` scoped to the batch's event dates
-(an event_id always comes with the same event_time, so its copies share a date). The MERGE
-and the quarantine append carry the query id and batch id as a Delta transaction
+Deduplication is exact across all history, at a cost that does not grow with silver: each
+micro-batch is deduplicated in itself, then inserted with insert-only MERGEs on
+``event_id`` scoped to the batch's own event times (an event_id always comes with the same
+event_time, so a copy already in silver lies within them). Delta skips every file whose
+event-time statistics miss those times; see ``insert_new_events`` for why few overlap. The
+MERGEs and the quarantine append carry the query id and batch id as a Delta transaction
 identifier, so a batch replayed after a crash is not applied twice.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import date
 from typing import TYPE_CHECKING
 
 from pyspark.sql import Window
@@ -29,7 +32,7 @@ from pyspark.sql.types import (
 )
 
 from spark_jobs.bronze import ad_events as bronze
-from spark_jobs.config import Settings
+from spark_jobs.config import Settings, interval_seconds
 from spark_jobs.delta_writes import idempotent_dml, start_exactly_once
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
@@ -79,24 +82,91 @@ def first_deliveries(events: DataFrame) -> DataFrame:
             .where("_delivery = 1").drop("_delivery"))
 
 
-def insert_new_events(spark: SparkSession, settings: Settings, events: DataFrame,
-                      dates_from: DataFrame | None = None) -> None:
+# A MERGE looks at silver's files whose event times overlap its events' in these slices
+# (one per minute of event time that holds events, coarsened to hours, then dates, past
+# this many), so a straggler costs the few files around its own time.
+MAX_TIME_SLICES = 256
+
+
+def insert_new_events(spark: SparkSession, settings: Settings, events: DataFrame, *,
+                      app_id: str | None = None, version: int = 0) -> None:
     """Insert the events whose event_id silver does not hold yet (events are distinct).
 
-    ``dates_from`` holds the same event dates as ``events`` more cheaply (the valid records
-    before deduplication: copies share a date), so the MERGE's scope costs no extra pass
-    over the deduplication."""
+    Two insert-only MERGEs: the *on-time* events (event time within ``watermark_delay`` of
+    their ingestion, the bulk of a feed) and the others (late, or early by clock skew). So
+    the files an on-time MERGE writes cover only a few minutes of event time, and a later
+    MERGE, scoped to its own events' times, reads the files of the last few batches and the
+    small files of stragglers, not the whole date: its cost is set by the feed, not by
+    silver's size. With ``app_id``, each MERGE is applied at most once per ``version``.
+    """
     from delta.tables import DeltaTable
 
-    dates = sorted(row.event_date for row in (events if dates_from is None else dates_from)
-                   .select("event_date").distinct().collect())
-    if not dates:
-        return
-    in_dates = ", ".join(f"DATE'{day.isoformat()}'" for day in dates)
-    (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")
-        .merge(events.alias("s"), f"t.event_date IN ({in_dates}) AND t.event_id = s.event_id")
-        .whenNotMatchedInsertAll()
-        .execute())
+    classified = _classified(events, settings).persist()
+    try:
+        slices = _time_slices(classified)
+        target = DeltaTable.forPath(spark, TABLE.path(settings))
+        for on_time_class, name in ((True, "on-time"), (False, "others")):
+            if not slices.get(on_time_class):
+                continue
+            source = classified.where(F.col("_on_time") == on_time_class).drop("_on_time")
+            merge = (target.alias("t")
+                     .merge(source.alias("s"),
+                            f"{slices[on_time_class]} AND t.event_id = s.event_id")
+                     .whenNotMatchedInsertAll())
+            if app_id is None:
+                merge.execute()
+            else:
+                with idempotent_dml(spark, f"{app_id}/{name}", version):
+                    merge.execute()
+    finally:
+        classified.unpersist()
+
+
+def _classified(events: DataFrame, settings: Settings) -> DataFrame:
+    """``_on_time``: event time within ``watermark_delay`` of ingestion."""
+    horizon = int(interval_seconds(settings.watermark_delay))
+    return events.withColumn(
+        "_on_time",
+        F.abs(F.col("event_time").cast("long") - F.col("ingested_at").cast("long")) <= horizon)
+
+
+def merge_scopes(events: DataFrame, settings: Settings) -> dict[bool, str]:
+    """The predicates on silver (alias ``t``) the MERGEs of on-time (True) and other
+    (False) events are scoped to."""
+    return _time_slices(_classified(events, settings))
+
+
+def _time_slices(classified: DataFrame) -> dict[bool, str]:
+    """Per class, a predicate on silver that holds every event time of its events: the
+    dates (partitions pruned) and ranges of event time (files skipped by statistics)."""
+    shown = "yyyy-MM-dd HH:mm:ss.SSSSSS"  # in the session time zone, as literals are read
+    # Delta keeps timestamp statistics to the millisecond: a millisecond of margin.
+    margin = F.expr("INTERVAL 1 MILLISECOND")
+    minutes = (classified
+               .groupBy("_on_time", "event_date", F.date_trunc("minute", "event_time"))
+               .agg(F.date_format(F.min("event_time") - margin, shown).alias("first"),
+                    F.date_format(F.max("event_time") + margin, shown).alias("last"))
+               .collect())
+    predicates = {}
+    for on_time_class in (True, False):
+        spans = sorted((r.event_date, r["first"], r["last"]) for r in minutes
+                       if r["_on_time"] == on_time_class)
+        if not spans:
+            continue
+        for coarser in (lambda day, first: first[:13], lambda day, first: day):  # hour, date
+            if len(spans) <= MAX_TIME_SLICES:
+                break
+            merged: dict[object, tuple[date, str, str]] = {}
+            for day, first, last in spans:
+                key = coarser(day, first)
+                _, low, high = merged.get(key, (day, first, last))
+                merged[key] = (day, min(low, first), max(high, last))
+            spans = sorted(merged.values())
+        days = ", ".join(sorted({f"DATE'{day.isoformat()}'" for day, _, _ in spans}))
+        ranges = " OR ".join(f"t.event_time BETWEEN TIMESTAMP'{first}' AND TIMESTAMP'{last}'"
+                             for _, first, last in spans)
+        predicates[on_time_class] = f"t.event_date IN ({days}) AND ({ranges})"
+    return predicates
 
 
 def process(spark: SparkSession, bronze_rows: DataFrame, app_id: str,
@@ -105,9 +175,8 @@ def process(spark: SparkSession, bronze_rows: DataFrame, app_id: str,
     validated = validate(bronze_rows, Rules.from_settings(settings)).persist()
     try:
         quarantine.append(validated, settings, app_id, version)
-        valid = accepted(validated)
-        with idempotent_dml(spark, app_id, version):
-            insert_new_events(spark, settings, first_deliveries(valid), dates_from=valid)
+        insert_new_events(spark, settings, first_deliveries(accepted(validated)),
+                          app_id=app_id, version=version)
     finally:
         validated.unpersist()
 
