@@ -26,7 +26,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs import config, pipeline_bench
+from spark_jobs import config, growth_bench, pipeline_bench
 from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import campaign_stats
 from spark_jobs.maintenance import optimize
@@ -36,28 +36,16 @@ from spark_jobs.tables import ensure_table
 
 MICRO_BATCHES = 150
 EVENTS_PER_BATCH = 2_000
-ADS, CAMPAIGNS, DAYS = 400, 40, 7
+CAMPAIGNS, DAYS = 40, 7
 REPEATS = 5
+PARTS = ("pipeline", "growth", "maintenance")
 
 
 def silver_batch(spark: SparkSession, batch: int) -> DataFrame:
     """One micro-batch of silver rows spread over a week, as late and early events are."""
-    first = batch * EVENTS_PER_BATCH
-    rows = spark.range(first, first + EVENTS_PER_BATCH)
-    when = F.timestamp_seconds(F.lit(1_795_000_000) + (F.col("id") * 7919) % (DAYS * 86_400))
-    return rows.select(
-        F.concat(F.lit("e-"), F.col("id").cast("string")).alias("event_id"),
-        when.alias("event_time"), F.to_date(when).alias("event_date"),
-        F.element_at(F.array(F.lit("view"), F.lit("click"), F.lit("purchase")),
-                     (F.col("id") % 3 + 1).cast("int")).alias("event_type"),
-        F.concat(F.lit("u-"), (F.col("id") % 5000).cast("string")).alias("user_id"),
-        F.lit("p-1").alias("page_id"),
-        F.concat(F.lit("ad-"), ((F.col("id") * 31) % ADS).cast("string")).alias("ad_id"),
-        F.lit("banner").alias("ad_type"), F.lit("10.0.0.1").alias("ip_address"),
-        F.when(F.col("id") % 3 == 2, F.lit(9.99)).cast("decimal(12,2)").alias("price"),
-        F.lit(None).cast("string").alias("_rescued"), F.lit(False).alias("event_id_derived"),
-        F.concat(F.lit("file:bench:"), F.col("id").cast("string")).alias("bronze_id"),
-        F.lit("file").alias("source"), when.alias("ingested_at"))
+    return growth_bench.silver_rows(spark, batch * EVENTS_PER_BATCH, EVENTS_PER_BATCH,
+                                    datetime.fromtimestamp(1_795_000_000, UTC),
+                                    timedelta(days=DAYS))
 
 
 def gold_batch(events: DataFrame) -> DataFrame:
@@ -178,24 +166,39 @@ def main() -> None:
                         help="where the JSON results go")
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--growth-rows", type=int, default=10_000_000,
+                        help="rows already in silver for the growth measurement")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated, among {', '.join(PARTS)}")
     args = parser.parse_args()
+    parts = args.parts.split(",")
+    if unknown := set(parts) - set(PARTS):
+        parser.error(f"unknown part(s) {', '.join(sorted(unknown))}; known: {', '.join(PARTS)}")
     root = args.root.resolve()
-    records = corpus(root / "corpus", args.events)
     # One batch per layer, as a backlog is caught up; the project's settings otherwise.
     settings = config.load({"root": root / "lake", "max_files_per_trigger": 100_000})
     spark = build_spark(settings, app_name="lakehouse-bench")
+    results: dict[str, object] = {
+        "machine": machine(), "at": datetime.now(UTC).isoformat(timespec="seconds")}
     try:
-        results = {"machine": machine(), "at": datetime.now(UTC).isoformat(timespec="seconds"),
-                   "pipeline": pipeline_bench.run(spark, settings, root / "corpus", records,
-                                                  args.repetitions),
-                   "maintenance": run(spark, root / "maintenance")}
+        if "pipeline" in parts:
+            records = corpus(root / "corpus", args.events)
+            results["pipeline"] = pipeline_bench.run(spark, settings, root / "corpus",
+                                                     records, args.repetitions)
+        if "growth" in parts:
+            results["growth"] = growth_bench.run(spark, config.load({"root": root / "growth"}),
+                                                 args.growth_rows, args.repetitions)
+        if "maintenance" in parts:
+            results["maintenance"] = run(spark, root / "maintenance")
     finally:
         spark.stop()
     args.results.mkdir(parents=True, exist_ok=True)
     output = args.results / f"bench-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(pipeline_bench.render(results["pipeline"]))
-    print(render(results["maintenance"]))
+    for part, show in (("pipeline", pipeline_bench.render), ("growth", growth_bench.render),
+                       ("maintenance", render)):
+        if part in results:
+            print(show(results[part]))
     print(f"results: {output}")
 
 
