@@ -5,7 +5,8 @@
 current snapshot. Runs hourly, and as soon as a producer (the scheduled streams, a
 reprocess) updates silver or gold. A failed **critical** expectation fails the task;
 warnings are reported only. Each run appends to `quality.results`, updates the Data Docs
-and writes the data quality report, linked from the navigation bar (*Data quality report*).
+and writes the data quality report, linked from the navigation bar under
+*Browse → Data quality report*.
 """
 
 from __future__ import annotations
