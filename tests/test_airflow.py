@@ -8,8 +8,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from deltalake import DeltaTable
 
+from spark_jobs import delta_reader
 from spark_jobs.airflow_env import environment
 from spark_jobs.config import PROJECT_DIR
 from spark_jobs.ops import heartbeat
@@ -107,7 +107,7 @@ def test_dags_run_for_real_streaming_reprocess_quality_and_maintenance(airflow_r
         output = done.stdout + done.stderr
         assert done.returncode == 0 and "state=success" in output, output[-3000:]
     assert list((root / "reports").glob("quality-*.html"))
-    history = DeltaTable(str(root / "tables" / "ops" / "maintenance_history")).to_pandas()
+    history = delta_reader.read_arrow(root / "tables" / "ops" / "maintenance_history").to_pandas()
     assert set(history["table_name"]) == {"bronze.ad_events", "silver.ad_events",
                                           "silver.quarantine", "gold.campaign_stats",
                                           "gold.ad_attribution"}

@@ -5,8 +5,8 @@ import shutil
 from datetime import timedelta
 
 import pytest
-from deltalake import DeltaTable as RustDeltaTable
 
+from spark_jobs import delta_reader
 from spark_jobs.audit import account
 from spark_jobs.maintenance import HISTORY, TABLES, MaintenanceError, maintain
 from tests.conftest import make_settings
@@ -64,7 +64,7 @@ def test_optimize_and_vacuum_beside_the_live_streams(spark, tmp_path) -> None:
     # delta-rs reads every table after maintenance, to the same row count as Spark.
     for spec in TABLES.values():
         path = spec.path(settings)
-        rows = RustDeltaTable(path).to_pyarrow_table().num_rows
+        rows = delta_reader.read_arrow(path).num_rows
         assert rows == spark.read.format("delta").load(path).count(), spec.name
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from spark_jobs import reasons, streaming
+from spark_jobs import delta_reader, reasons, streaming
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import ConfigError
 from spark_jobs.generator import GenerateRequest, Mess, generate
@@ -199,9 +199,7 @@ def test_validate_fails_on_exactly_the_broken_critical_expectations(
     assert " WARN " in lines["silver.quarantine"]
     assert "validation FAILED" in done.stderr
 
-    from deltalake import DeltaTable
-
-    history = DeltaTable(results.TABLE.path(broken_root)).to_pandas()
+    history = delta_reader.read_arrow(results.TABLE.path(broken_root)).to_pandas()
     latest = history[history["run_at"] == history["run_at"].max()]
     failures = latest[~latest["success"]]
     by_severity = {severity: set(zip(rows["suite"], rows["description"], strict=True))

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from spark_jobs import config
+from spark_jobs import config, delta_reader
 from spark_jobs.config import ConfigError, Settings
 from spark_jobs.ops import heartbeat
 from spark_jobs.ops.leases import holder
@@ -115,13 +115,7 @@ def _utc(value: Any) -> datetime | None:
 def _table_rows(settings: Settings, relative: str,
                 columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """A Delta table's rows as plain Python values (ints stay ints, NULL is None)."""
-    from deltalake import DeltaTable
-
-    path = settings.table_path(relative)
-    if not (Path(path) / "_delta_log").exists():
-        return []
-    table = DeltaTable(path).to_pyarrow_table(columns=list(columns) if columns else None)
-    return table.to_pylist()
+    return delta_reader.read_rows(settings.table_path(relative), columns)
 
 
 def read_snapshot(settings: Settings, now: datetime | None = None) -> Snapshot:
