@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.conftest import cli_env, lakehouse_command
 
-STARTED: list[subprocess.Popen[bytes]] = []
+STARTED: list[Driver] = []
 
 
 def kill_leftovers() -> None:
@@ -38,22 +38,38 @@ def generate(root: Path, *args: str) -> dict[str, object]:
     return json.loads(done.stdout)["generated"]
 
 
-def start_stream(root: Path, layers: str, *args: str, files_per_batch: int = 1
-                 ) -> subprocess.Popen[bytes]:
+class Driver(subprocess.Popen[bytes]):
+    """A ``lakehouse stream`` process whose stderr goes to a file beside its root.
+
+    Not a pipe: nothing reads a pipe while the test runs, and once its 64 KiB fill up the
+    driver (and its JVM, which shares the stream) blocks in its next log line: a driver that
+    looks hung mid-run and never sees ``lakehouse stop``.
+    """
+
+    log_file: Path
+
+    def log(self) -> str:
+        return self.log_file.read_text("utf-8", errors="replace")
+
+
+def start_stream(root: Path, layers: str, *args: str, files_per_batch: int = 1) -> Driver:
     """A stream in its own process group, so a test can kill the driver and its JVM."""
     # One file per micro-batch by default: many commits to die between (or inside).
     env = cli_env(LAKEHOUSE_MAX_FILES_PER_TRIGGER=str(files_per_batch))
-    process = subprocess.Popen(
-        lakehouse_command("stream", "--root", str(root), "--layers", layers, *args),
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    log_file = root.parent / f"driver-{layers.replace(',', '-')}.log"
+    with log_file.open("ab") as log:  # appended to by a restarted driver
+        process = Driver(
+            lakehouse_command("stream", "--root", str(root), "--layers", layers, *args),
+            env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    process.log_file = log_file
     STARTED.append(process)
     return process
 
 
-def wait_for_commits(table: Path, at_least: int, process: subprocess.Popen[bytes]) -> None:
+def wait_for_commits(table: Path, at_least: int, process: Driver) -> None:
     deadline = time.monotonic() + 180
     while committed_versions(table) < at_least:
-        assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+        assert process.poll() is None, process.log()[-3000:]
         assert time.monotonic() < deadline, "the stream made no progress"
         time.sleep(0.2)
 

@@ -42,7 +42,7 @@ def test_sigterm_stops_cleanly_and_sigkill_loses_and_duplicates_nothing(spark, t
     # Restart and catch up; then once more, which must add nothing.
     for _ in range(2):
         restarted = start_stream(root, "bronze", "--available-now", files_per_batch=20)
-        assert restarted.wait(timeout=300) == 0, restarted.stderr.read().decode()
+        assert restarted.wait(timeout=300) == 0, restarted.log()
         rows = spark.read.format("delta").load(str(table))
         assert rows.count() == delivered
         assert rows.select("bronze_id").distinct().count() == delivered

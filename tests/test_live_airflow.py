@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.live, pytest.mark.timeout(180
 @dataclass
 class Live:
     root: Path
-    demo: subprocess.Popen[str]
+    demo: subprocess.Popen[bytes]
     api: httpx.Client
 
     def call(self, method: str, path: str, **arguments: object) -> httpx.Response:
@@ -75,7 +75,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def stop_tree(process: subprocess.Popen[str]) -> None:
+def stop_tree(process: subprocess.Popen[bytes]) -> None:
     """Last resort after a failed test: kill the demo and everything it started."""
     if process.poll() is not None:
         return  # stopped already (the Ctrl-C test)
@@ -94,12 +94,14 @@ def stop_tree(process: subprocess.Popen[str]) -> None:
 def live(tmp_path_factory) -> Iterator[Live]:
     root = tmp_path_factory.mktemp("live") / "lake"
     port = free_port()
+    demo_log = root.parent / "demo.log"
     demo = subprocess.Popen(
         lakehouse_command("demo", "--root", str(root), "--port", str(port), "--rate", "10"),
         # Ports of the log servers, free on a machine running another Airflow.
         env=cli_env(AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
                     AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port())),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # A file, not a pipe nobody reads while the module runs (a full pipe blocks the demo).
+        stdout=demo_log.open("ab"), stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: (root / "airflow" / PASSWORDS_FILE).exists()
                  and _healthy(port), "Airflow never became healthy", timeout=300)
@@ -217,7 +219,7 @@ def test_a_killed_streaming_driver_is_restarted(live) -> None:
 
 def test_ctrl_c_stops_everything_and_nothing_is_lost(live) -> None:
     live.demo.send_signal(signal.SIGINT)
-    assert live.demo.wait(timeout=420) == 0, live.demo.stdout.read()[-3000:]
+    assert live.demo.wait(timeout=420) == 0, (live.root.parent / "demo.log").read_text()[-3000:]
     settings = make_settings(live.root)
     assert heartbeat.health(settings).stopped_cleanly
     assert not _healthy(int(live.api.base_url.port)), "Airflow still answers after Ctrl-C"

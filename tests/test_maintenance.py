@@ -40,7 +40,7 @@ def test_optimize_and_vacuum_beside_the_live_streams(spark, tmp_path) -> None:
         maintain(spark, settings, list(TABLES), run_optimize=True, run_vacuum=True,
                  retention=None, dry_run=False)
         second.replace(settings.landing_events / second.name)
-        assert stream.poll() is None, stream.stderr.read().decode()[-3000:]
+        assert stream.poll() is None, stream.log()[-3000:]
 
         def accounted() -> bool:
             # Bronze holds every delivery and each is in silver, quarantine or counted as a
@@ -53,7 +53,7 @@ def test_optimize_and_vacuum_beside_the_live_streams(spark, tmp_path) -> None:
         stopped = run_lakehouse("stop", "--root", str(root), "--wait", "400", timeout=500)
     assert stopped.returncode == 0, stopped.stderr
     # No stream query failed: a failure would have ended the driver with status 1.
-    assert stream.wait(timeout=120) == 0, stream.stderr.read().decode()[-3000:]
+    assert stream.wait(timeout=120) == 0, stream.log()[-3000:]
 
     audit = account(spark, settings, settings.expected_counts_file)
     assert audit.identity_holds and audit.matches_expected, audit.as_json()

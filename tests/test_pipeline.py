@@ -22,7 +22,7 @@ def test_streaming_gold_equals_batch_except_the_ledger_windows(spark, tmp_path) 
     generate(root, "--events", "2000", "--events-per-file", "500", "--seed", "5",
              "--late", "0.1")
     stream = start_stream(root, "all", "--available-now", files_per_batch=1)
-    assert stream.wait(timeout=600) == 0, stream.stderr.read().decode()[-3000:]
+    assert stream.wait(timeout=600) == 0, stream.log()[-3000:]
 
     def read(spec):
         return spark.read.format("delta").load(spec.path(settings))

@@ -29,7 +29,7 @@ def test_killed_mid_stream_then_restarted_silver_matches_the_generator(tmp_path)
     stream.wait(timeout=60)
 
     restarted = start_stream(root, "bronze,silver", "--available-now", files_per_batch=20)
-    assert restarted.wait(timeout=400) == 0, restarted.stderr.read().decode()[-3000:]
+    assert restarted.wait(timeout=400) == 0, restarted.log()[-3000:]
 
     audit = run_lakehouse("audit", "--root", str(root), "--json", "--expected")
     accounting = json.loads(audit.stdout)
