@@ -123,13 +123,13 @@ def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
     """Graceful stop for upgrades: every running stream stops at a batch boundary."""
     import time
 
-    from spark_jobs.ops.leases import holder
+    from spark_jobs.ops.leases import driver
     from spark_jobs.streaming import LAYERS, request_stop
 
     print(f"stop requested: {request_stop(settings)}")
     deadline = time.monotonic() + args.wait
     while True:
-        running = {layer: who for layer in LAYERS if (who := holder(settings, layer))}
+        running = {layer: who for layer in LAYERS if (who := driver(settings, layer))}
         if not running:
             print("no stream is running")
             return 0
@@ -179,6 +179,7 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs import reasons, reprocess
+    from spark_jobs.gold import writer as gold_writer
     from spark_jobs.session import build_spark
     from spark_jobs.silver.validation import Rules
 
@@ -206,14 +207,14 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
             if "silver" in layers:
                 changes += reprocess.rebuild_silver(spark, settings, days, rules, args.dry_run)
             if "gold" in layers:
-                changes += reprocess.rebuild_gold(spark, settings, days, args.dry_run)
+                changes += gold_writer.rebuild(spark, settings, days, args.dry_run)
         elif args.quarantine:
             replay = reprocess.replay_quarantine(spark, settings, rules, args.reason,
                                                  args.dry_run)
             changes += replay
             recovered_dates = sorted(replay[0].rows_after)
             if "gold" in layers and recovered_dates and not args.dry_run:
-                changes += reprocess.rebuild_gold(spark, settings, reprocess.DateRange(
+                changes += gold_writer.rebuild(spark, settings, reprocess.DateRange(
                     date.fromisoformat(recovered_dates[0]),
                     date.fromisoformat(recovered_dates[-1])), False)
         else:
@@ -221,8 +222,8 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
             if not late_dates:
                 print("the late-data ledger has no unrepaired dates: nothing to do")
             for day in late_dates:
-                changes += reprocess.rebuild_gold(spark, settings,
-                                                  reprocess.DateRange(day, day), args.dry_run)
+                changes += gold_writer.rebuild(spark, settings, reprocess.DateRange(day, day),
+                                               args.dry_run)
     finally:
         spark.stop()
     if args.json:

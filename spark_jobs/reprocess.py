@@ -7,9 +7,10 @@ replaced in one Delta transaction (``replaceWhere``), and only when its content 
 a second identical run writes nothing at all.
 
 Live streams and a reprocess get along: a conflicting commit is retried on both sides
-(``retry_on_conflict``); silver's replace is a change commit the gold streams skip; and
-the gold stream does not add again what a gold rebuild already counted
-(``ops.gold_rebuilds``).
+(``retry_on_conflict``); silver's replace is a change commit the gold streams skip; a gold
+rebuild runs where gold's one writer is, inside the driver of a live gold stream and never
+beside one of its micro-batches (``gold.writer``); and the gold stream does not add again
+what a gold rebuild already counted (``ops.gold_rebuilds``).
 """
 
 from __future__ import annotations
@@ -121,6 +122,18 @@ def _read(spark: SparkSession, settings: Settings, spec: TableSpec) -> DataFrame
     return spark.read.format("delta").load(spec.path(settings))
 
 
+def _read_pinned(spark: SparkSession, settings: Settings, spec: TableSpec
+                 ) -> tuple[DataFrame, int]:
+    """The table as of its current version (the same rows however often it is read), and
+    that version."""
+    from delta.tables import DeltaTable
+
+    ensure_table(spark, settings, spec)
+    path = spec.path(settings)
+    version = DeltaTable.forPath(spark, path).history(1).first().version
+    return spark.read.format("delta").option("versionAsOf", version).load(path), version
+
+
 def _replace_range(spark: SparkSession, settings: Settings, spec: TableSpec, rows: DataFrame,
                    predicate: str, change: Change, dry_run: bool,
                    before_write: Callable[[], None] = lambda: None) -> None:
@@ -150,7 +163,9 @@ def rebuild_silver(spark: SparkSession, settings: Settings, days: DateRange, rul
 
     def attempt() -> None:
         changes.clear()
-        bronze_rows = _read(spark, settings, bronze.TABLE)
+        # One bronze snapshot for both reads below: with a fresh read for the "arrived
+        # since" rows, a record landing between them would be in neither set, and dropped.
+        bronze_rows, _ = _read_pinned(spark, settings, bronze.TABLE)
         validated = validate(bronze_rows, rules).persist()
         try:
             changes.extend(_rebuild_silver_from(spark, settings, days, bronze_rows, validated,
@@ -244,17 +259,13 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
                  ) -> list[Change]:
     """Gold's windows and clicks of ``days`` recomputed from silver; the late-data ledger's
     entries for those dates marked repaired."""
-    from delta.tables import DeltaTable
 
     changes: list[Change] = []
 
     def write() -> None:
         changes.clear()
         started = datetime.now(UTC).replace(tzinfo=None)
-        silver_path = silver.TABLE.path(settings)
-        ensure_table(spark, settings, silver.TABLE)
-        version = DeltaTable.forPath(spark, silver_path).history(1).first().version
-        events = spark.read.format("delta").option("versionAsOf", version).load(silver_path)
+        events, version = _read_pinned(spark, settings, silver.TABLE)
         mapping = _read(spark, settings, ad_campaigns.TABLE)
 
         stats = campaign_stats.campaign_stats(events.where(days.holds("event_date")), mapping,

@@ -3,7 +3,9 @@
 ``--available-now`` runs the layers one after another, each to completion, so silver sees
 all of bronze and gold all of silver. Continuous mode starts them side by side and, on
 SIGTERM, SIGINT or a stop request (``lakehouse stop``), stops each query between two
-micro-batches. Either way the driver holds each layer's lease while it runs.
+micro-batches. Either way the driver holds each layer's lease while it runs; a continuous
+driver running gold also carries out the gold rebuilds reprocesses ask of it
+(``gold.writer``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spark_jobs.config import ConfigError, Settings, interval_seconds, spark_interval
+from spark_jobs.gold import writer as gold_writer
 from spark_jobs.ops import heartbeat, stream_progress
 from spark_jobs.ops.leases import leases
 
@@ -123,17 +126,21 @@ def _stop_requested_since(settings: Settings, started: float) -> bool:
 
 def run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[str],
                      trigger_interval: str, stop: threading.Event) -> None:
+    started = time.time()  # a stop requested while the leases are awaited counts too
     with leases(settings, layers):
-        _run_continuously(spark, settings, layers, trigger_interval, stop)
+        _run_continuously(spark, settings, layers, trigger_interval, stop, started)
 
 
 def _run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[str],
-                      trigger_interval: str, stop: threading.Event) -> None:
-    started = time.time()
+                      trigger_interval: str, stop: threading.Event, started: float) -> None:
     trigger = {"processingTime": spark_interval(trigger_interval)}
     recorder = stream_progress.ProgressRecorder()
-    queries = [query for layer in layers
-               for query in _start_layer(spark, settings, layer, trigger)]
+    by_layer = {layer: _start_layer(spark, settings, layer, trigger) for layer in layers}
+    queries = [query for layer in layers for query in by_layer[layer]]
+    # This driver is gold's one writer: a reprocess elsewhere hands its rebuilds to it.
+    rebuilds_stop = threading.Event()
+    rebuilds = (gold_writer.serve_in_background(spark, settings, rebuilds_stop)
+                if gold_writer.LAYER in layers else None)
     try:
         while not stop.is_set():
             if any(not query.isActive for query in queries):
@@ -141,19 +148,31 @@ def _run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[
                 raise StreamFailed("a stream stopped on its own: "
                                    + ", ".join(q.name for q in queries if not q.isActive))
             recorder.flush(spark, settings, queries)
-            heartbeat.beat(settings, layers, queries)
+            heartbeat.beat(settings, layers, queries,
+                           rebuilding=_rebuilding(by_layer.get(gold_writer.LAYER, [])))
             stop.wait(PROGRESS_FLUSH_SECONDS)
             if _stop_requested_since(settings, started):
                 log.info("stop requested (%s): stopping streams at the next batch boundary",
                          stop_request_file(settings))
                 stop.set()
     finally:
+        rebuilds_stop.set()
+        if rebuilds is not None:
+            rebuilds.join()  # a rebuild under way finishes: its reprocess waits for it
         patience = max(60.0, 3 * interval_seconds(trigger_interval))
         for query in queries:
             stop_at_batch_boundary(query, patience)
         recorder.flush(spark, settings, queries)
     _raise_if_failed(queries)
     heartbeat.beat(settings, layers, queries, stopped=True)
+
+
+def _rebuilding(gold_queries: Sequence[StreamingQuery]) -> dict[str, object] | None:
+    """The latest gold rebuild this driver ran, and the gold queries that wait for it."""
+    rebuild = gold_writer.last_rebuild()
+    if rebuild is None:
+        return None
+    return {**rebuild, "queries": [query.name for query in gold_queries]}
 
 
 def stop_on_signals() -> threading.Event:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import sys
 from datetime import UTC, datetime, timedelta
@@ -13,6 +14,8 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from spark_jobs.config import PROJECT_DIR
+from spark_jobs.ops import heartbeat
+from spark_jobs.ops.leases import leases
 from tests.conftest import make_settings
 
 # Airflow puts plugins/ on sys.path; so does this test.
@@ -230,3 +233,50 @@ def test_the_page_reads_the_ops_tables_with_delta_rs(tmp_path: Path) -> None:
     assert statuses["silver_ad_events"].state == "not running (no driver runs it)"
     page = views.stream_health_page(settings)
     assert "24,818" in page and "24,818.0" not in page
+
+
+def test_gold_streams_waiting_for_a_rebuild_are_busy_not_stalled() -> None:
+    # Ten minutes without progress everywhere, but the driver runs a gold rebuild, which
+    # the gold queries wait for by design; bronze has no such excuse.
+    waiting = beat(progress_ago=600)
+    waiting["rebuilding"] = {"days": "2026-11-04..2026-11-04",
+                             "since": "2026-11-05T11:50:00+00:00",
+                             "queries": ["gold_campaign_stats", "gold_ad_attribution"]}
+    statuses = statuses_by_name(snapshot(progress=healthy_progress(), heartbeats=[waiting]))
+    assert statuses["gold_campaign_stats"].state == (
+        "waiting for the gold rebuild of 2026-11-04..2026-11-04 "
+        "(since 2026-11-05T11:50:00+00:00)")
+    assert statuses["gold_campaign_stats"].level == "warn"
+    assert statuses["bronze_ad_events"].state == "stalled since 2026-11-05 11:50:00"
+
+
+def test_after_a_rebuild_its_waiting_queries_count_from_its_end() -> None:
+    def gold_state(ended_ago: float) -> str:
+        waited = beat(progress_ago=600)
+        waited["rebuilding"] = {"days": "2026-11-04..2026-11-04",
+                                "since": (NOW - timedelta(seconds=900)).isoformat(),
+                                "ended": (NOW - timedelta(seconds=ended_ago)).isoformat(),
+                                "queries": ["gold_campaign_stats"]}
+        return statuses_by_name(snapshot(progress=healthy_progress(), heartbeats=[waited])
+                                )["gold_campaign_stats"].state
+
+    # 30 s after the rebuild the queued batch may still run (the limit is 2 minutes) ...
+    assert gold_state(ended_ago=30) == "running"
+    # ... 5 minutes after it, no progress since the rebuild is a stall again.
+    assert gold_state(ended_ago=300) == "stalled since 2026-11-05 11:55:00"
+
+
+def test_the_supervisors_verdict_excuses_only_the_queries_waiting_for_a_rebuild(
+        tmp_path: Path) -> None:
+    # The sensor stops a driver with a stalled query: a gold rebuild must not trigger that.
+    settings = make_settings(tmp_path / "lake")
+    waiting = beat(progress_ago=600)
+    waiting["rebuilding"] = {"days": "2026-11-04..2026-11-04", "since": NOW.isoformat(),
+                             "queries": ["gold_campaign_stats", "gold_ad_attribution"]}
+    path = heartbeat.heartbeat_file(settings, EVERY_LAYER)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(waiting))
+    with leases(settings, EVERY_LAYER):  # the driver is alive
+        problems = heartbeat.health(settings, now=NOW).problems
+    stalled = {problem.split()[1] for problem in problems if "stalled" in problem}
+    assert stalled == {"bronze_ad_events", "silver_ad_events", "silver_ad_campaigns"}

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from spark_jobs import config, delta_reader
 from spark_jobs.config import ConfigError, Settings
 from spark_jobs.ops import heartbeat
-from spark_jobs.ops.leases import holder
+from spark_jobs.ops.leases import driver
 
 # Every streaming query the pipeline runs (``spark_jobs.streaming.LAYERS``; each module's
 # ``QUERY_NAME``), in dependency order. Named here because importing those modules imports
@@ -131,7 +131,7 @@ def read_snapshot(settings: Settings, now: datetime | None = None) -> Snapshot:
         watermarks=_table_rows(settings, WATERMARK_TABLE,
                                ["query_name", "batch_id", "watermark"]),
         heartbeats=beats,
-        live_layers=frozenset(layer for layer in layers if holder(settings, layer)),
+        live_layers=frozenset(layer for layer in layers if driver(settings, layer)),
         problems=heartbeat.health(settings, now).problems,
         stall_after=heartbeat.stall_after(settings),
         trigger_interval=settings.trigger_interval,
@@ -213,11 +213,12 @@ def _state(stream: str, batches: Sequence[dict[str, Any]], snapshot: Snapshot
     written = heartbeat._parse(beat.get("written_at"))
     if written is None or snapshot.now - written > snapshot.stall_after:
         return "driver stopped beating", "bad"
-    progressed = heartbeat._parse(query.get("last_progress_at"))
+    progressed = heartbeat.last_progress(beat, stream)
     if progressed is None:
         return "not started yet", "warn"  # the driver is up; Spark has not reported yet
     if snapshot.now - progressed > snapshot.stall_after:
-        return f"stalled since {_when(progressed)}", "bad"
+        waiting = heartbeat.waiting_for_rebuild(beat, stream)
+        return (waiting, "warn") if waiting else (f"stalled since {_when(progressed)}", "bad")
     if _falling_behind(batches, _interval_ms(beat.get("trigger_interval"),
                                              snapshot.trigger_interval), snapshot):
         return "falling behind", "bad"

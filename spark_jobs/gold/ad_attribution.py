@@ -28,6 +28,7 @@ from pyspark.sql.types import (
 
 from spark_jobs.config import Settings, spark_interval
 from spark_jobs.delta_writes import idempotent_dml, start_exactly_once
+from spark_jobs.gold import writer
 from spark_jobs.gold.campaign_stats import read_silver_stream
 from spark_jobs.tables import TableSpec, ensure_table
 
@@ -101,7 +102,7 @@ def upsert(spark: SparkSession, settings: Settings, attributions: DataFrame) -> 
 
 def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int, *,
             settings: Settings) -> None:
-    with idempotent_dml(spark, query_id, batch_id):
+    with writer.LOCK, idempotent_dml(spark, query_id, batch_id):  # see ``gold.writer``
         upsert(spark, settings, latest_view_per_click(batch))
 
 

@@ -33,6 +33,7 @@ from spark_jobs.delta_writes import (
     idempotent_dml,
     start_exactly_once,
 )
+from spark_jobs.gold import writer
 from spark_jobs.ops import event_time_watermarks, gold_rebuilds, late_data
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
@@ -90,6 +91,12 @@ def add_to_windows(spark: SparkSession, settings: Settings, stats: DataFrame) ->
 
 def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int, *,
             settings: Settings) -> None:
+    with writer.LOCK:  # never beside a gold rebuild (see ``gold.writer``)
+        _process(spark, batch, query_id, batch_id, settings)
+
+
+def _process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int,
+             settings: Settings) -> None:
     delay = timedelta(seconds=interval_seconds(settings.watermark_delay))
     watermark = event_time_watermarks.watermark_before(spark, settings, query_id, batch_id, delay)
     # Cached first: every step below reads the micro-batch, which is then scanned once.

@@ -35,8 +35,8 @@ TABLE = TableSpec("ops.gold_rebuilds", SCHEMA)
 
 def record(spark: SparkSession, settings: Settings, days: list[date], silver_version: int
            ) -> None:
-    """Recorded before gold is replaced, so a stream batch racing the rebuild either sees
-    the record or conflicts with the replace and is retried (and then sees it)."""
+    """Recorded before gold is replaced; gold's batches wait for the whole rebuild
+    (``gold.writer``), so every batch after it sees the record."""
     now = datetime.now(UTC).replace(tzinfo=None)
     (local_rows(spark, [(day, silver_version, now) for day in days], SCHEMA)
         .write.format("delta").mode("append").save(TABLE.path(settings)))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spark_jobs.config import Settings, interval_seconds
-from spark_jobs.ops.leases import holder
+from spark_jobs.ops.leases import driver
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -37,8 +37,10 @@ def _now() -> datetime:
 
 
 def beat(settings: Settings, layers: Sequence[str], queries: Iterable[StreamingQuery],
-         stopped: bool = False) -> None:
-    """Write the driver's heartbeat atomically (write, then rename)."""
+         stopped: bool = False, rebuilding: dict[str, object] | None = None) -> None:
+    """Write the driver's heartbeat atomically (write, then rename). ``rebuilding``: the
+    latest gold rebuild this driver ran (``days``, ``since``, ``ended`` or None while it
+    runs) and the ``queries`` that wait for it: busy, not stalled."""
     entries = {}
     for query in queries:
         progress = query.lastProgress
@@ -53,7 +55,8 @@ def beat(settings: Settings, layers: Sequence[str], queries: Iterable[StreamingQ
     hidden.write_text(json.dumps({"pid": os.getpid(), "layers": list(layers),
                                   "written_at": _now().isoformat(), "stopped": stopped,
                                   "trigger_interval": settings.trigger_interval,
-                                  "queries": entries}), encoding="utf-8")
+                                  "queries": entries, "rebuilding": rebuilding}),
+                      encoding="utf-8")
     hidden.replace(path)
 
 
@@ -62,6 +65,25 @@ def _parse(text: str | None) -> datetime | None:
         return None
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def waiting_for_rebuild(heartbeat: dict, query_name: str) -> str | None:
+    """What the query waits for, while its driver runs a gold rebuild it must not overlap."""
+    rebuilding = heartbeat.get("rebuilding") or {}
+    if query_name not in rebuilding.get("queries", []) or rebuilding.get("ended"):
+        return None
+    return f"waiting for the gold rebuild of {rebuilding['days']} (since {rebuilding['since']})"
+
+
+def last_progress(heartbeat: dict, query_name: str) -> datetime | None:
+    """When the query last reported progress; a query that waited for a gold rebuild counts
+    from the rebuild's end, since its next batch could only start then."""
+    progressed = _parse(heartbeat["queries"][query_name].get("last_progress_at"))
+    rebuilding = heartbeat.get("rebuilding") or {}
+    ended = _parse(rebuilding.get("ended"))
+    if progressed is None or ended is None or query_name not in rebuilding.get("queries", []):
+        return progressed
+    return max(progressed, ended)
 
 
 @dataclass(frozen=True)
@@ -84,7 +106,7 @@ def _heartbeats(settings: Settings) -> list[dict]:
 def live_drivers(settings: Settings) -> list[dict[str, object]]:
     """The lease holders (pid, host, since) of every layer a heartbeat names."""
     layers = sorted({layer for beat in _heartbeats(settings) for layer in beat["layers"]})
-    return [who for layer in layers if (who := holder(settings, layer))]
+    return [who for layer in layers if (who := driver(settings, layer))]
 
 
 def health(settings: Settings, now: datetime | None = None) -> Health:
@@ -96,7 +118,7 @@ def health(settings: Settings, now: datetime | None = None) -> Health:
     running = False
     for heartbeat in beats:
         layers = heartbeat["layers"]
-        alive = any(holder(settings, layer) for layer in layers)
+        alive = any(driver(settings, layer) for layer in layers)
         running = running or alive
         if heartbeat["stopped"]:
             continue
@@ -108,10 +130,11 @@ def health(settings: Settings, now: datetime | None = None) -> Health:
             problems.append(f"the driver of {', '.join(layers)} stopped beating "
                             f"(last heartbeat {heartbeat['written_at']})")
         for name, query in heartbeat["queries"].items():
-            progressed = _parse(query["last_progress_at"])
+            progressed = last_progress(heartbeat, name)
             if not query["active"]:
                 problems.append(f"stream {name} is not active")
-            elif progressed is not None and now - progressed > limit:
+            elif (progressed is not None and now - progressed > limit
+                  and not waiting_for_rebuild(heartbeat, name)):
                 problems.append(f"stream {name} stalled: no progress since {progressed:%F %T}Z "
                                 f"(limit {limit})")
     stopped_cleanly = bool(beats) and all(beat["stopped"] for beat in beats)

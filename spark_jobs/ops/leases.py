@@ -5,20 +5,32 @@ holds an OS lock (``flock``) on ``<root>/checkpoints/<layer>.lease`` for as long
 lives; the lock dies with the process, so a crashed driver never leaves a stale lease, and
 a retry that starts beside a lingering driver fails at once with the holder's identity.
 The lease files also say who runs what, which the stop request and health checks read.
+A reprocess that writes gold while no driver runs it holds the gold lease too; a driver
+starting meanwhile waits for it instead of failing.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 from spark_jobs.config import Settings
+
+log = logging.getLogger(__name__)
+
+# Who holds a lease: a stream driver for as long as it runs, or a reprocess writing the
+# layer's tables while no driver runs it (``spark_jobs.gold.writer``).
+STREAM, REPROCESS = "stream", "reprocess"
+# How long a driver starting beside a reprocess waits for it before giving up.
+REPROCESS_PATIENCE_SECONDS = 3600.0
 
 
 class LeaseHeld(RuntimeError):
@@ -44,8 +56,18 @@ def holder(settings: Settings, layer: str) -> dict[str, object] | None:
         return None
 
 
+def driver(settings: Settings, layer: str) -> dict[str, object] | None:
+    """The stream driver holding the layer's lease, if one does (a reprocess is not one)."""
+    who = holder(settings, layer)
+    return who if who is not None and who.get("purpose") != REPROCESS else None
+
+
+class _Busy(Exception):
+    """A reprocess holds the lease, or it is changing hands: try again shortly."""
+
+
 @contextmanager
-def _lease(settings: Settings, layer: str) -> Iterator[None]:
+def _lease(settings: Settings, layer: str, purpose: str) -> Iterator[None]:
     path = lease_file(settings, layer)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+", encoding="utf-8") as handle:
@@ -53,12 +75,18 @@ def _lease(settings: Settings, layer: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
+            text = handle.read().strip()
+            held_by = _parse(text)
+            # Empty: the holder is writing it or letting go (or a reader probes it).
+            if not held_by or held_by.get("purpose") == REPROCESS:
+                raise _Busy(text) from None
             raise LeaseHeld(f"the {layer} stream is already running under another driver "
-                            f"({handle.read().strip() or 'unknown holder'}); stop it first "
-                            f"(lakehouse stop) or wait for it to exit") from None
+                            f"({text}); stop it first (lakehouse stop) or wait for it to "
+                            f"exit") from None
         handle.truncate(0)
         handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "since": datetime.now(UTC).isoformat()}))
+                                 "since": datetime.now(UTC).isoformat(),
+                                 "purpose": purpose}))
         handle.flush()
         try:
             yield
@@ -67,10 +95,39 @@ def _lease(settings: Settings, layer: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _parse(text: str) -> dict[str, object]:
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
 @contextmanager
-def leases(settings: Settings, layers: Sequence[str]) -> Iterator[None]:
-    """Hold every layer's lease, or none (the first one held elsewhere raises)."""
-    with ExitStack() as stack:
-        for layer in layers:
-            stack.enter_context(_lease(settings, layer))
+def leases(settings: Settings, layers: Sequence[str], purpose: str = STREAM
+           ) -> Iterator[None]:
+    """Hold every layer's lease, or none: one a stream driver holds raises at once; while
+    a reprocess holds one, wait (holding none of them) and try again."""
+    deadline = time.monotonic() + REPROCESS_PATIENCE_SECONDS
+    waiting = False
+    while True:
+        stack = ExitStack()
+        try:
+            for layer in layers:
+                stack.enter_context(_lease(settings, layer, purpose))
+            break
+        except _Busy as busy:
+            stack.close()
+            if time.monotonic() > deadline:
+                raise LeaseHeld(f"a reprocess has held the leases of {', '.join(layers)} "
+                                f"for over {REPROCESS_PATIENCE_SECONDS / 60:.0f} minutes "
+                                f"({busy})") from None
+            if not waiting and str(busy):
+                log.info("waiting for the reprocess holding a lease (%s)", busy)
+                waiting = True
+            time.sleep(0.5)
+        except BaseException:
+            stack.close()
+            raise
+    with stack:
         yield
