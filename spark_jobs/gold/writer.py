@@ -34,6 +34,8 @@ from spark_jobs.config import Settings
 from spark_jobs.ops.leases import REPROCESS, LeaseHeld, driver, leases
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import SparkSession
 
     from spark_jobs.reprocess import Change, DateRange
@@ -53,18 +55,19 @@ def requests_dir(settings: Settings) -> Path:
     return settings.root / "control" / "gold-rebuilds"
 
 
-def rebuild(spark: SparkSession, settings: Settings, days: DateRange, dry_run: bool
-            ) -> list[Change]:
+def rebuild(spark: Callable[[], SparkSession], settings: Settings, days: DateRange,
+            dry_run: bool) -> list[Change]:
     """Rebuild gold for ``days`` as the one writer of gold: here under the gold lease, or
-    inside the driver that holds it."""
+    inside the driver that holds it. ``spark`` gives this process's session, started only
+    when the rebuild runs here."""
     from spark_jobs.reprocess import rebuild_gold
 
     if dry_run:
-        return rebuild_gold(spark, settings, days, dry_run=True)
+        return rebuild_gold(spark(), settings, days, dry_run=True)
     while True:
         try:
             with leases(settings, [LAYER], purpose=REPROCESS), LOCK:
-                return rebuild_gold(spark, settings, days, dry_run=False)
+                return rebuild_gold(spark(), settings, days, dry_run=False)
         except LeaseHeld:
             changes = _hand_over(settings, days)
             if changes is not None:
