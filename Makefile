@@ -8,7 +8,7 @@ JARS      := .cache/jars/.complete
 BROWSER   := .cache/.chromium
 ROOT      ?= data
 
-.PHONY: setup test test-live lint run run-once bench clean
+.PHONY: setup test lint run run-once bench clean
 
 setup: $(INSTALLED) $(JARS) $(BROWSER)
 
@@ -31,10 +31,6 @@ lint: $(INSTALLED)
 
 test: setup lint
 	$(BIN)/pytest
-
-# Only the `make run` end-to-end module (part of `make test` too): about 17 minutes.
-test-live: setup lint
-	$(BIN)/pytest -m live
 
 # The lakehouse on the embedded default, under real Airflow: airflow standalone with the
 # DAGs unpaused, a live feed of messy events, the streams running. Ctrl-C stops it all.
