@@ -139,7 +139,8 @@ def serve_requests(spark: SparkSession, settings: Settings,
             result = _run_request(spark, settings, claimed)
         except Exception as error:  # the reprocess reports it; the streams carry on
             log.exception("gold rebuild request %s failed", request.name)
-            result = {"error": f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"}
+            first_line = next(iter(str(error).strip().splitlines()), "")
+            result = {"error": f"{type(error).__name__}: {first_line}"}
         _write_atomically(request.with_suffix(".result"), result)
         claimed.unlink(missing_ok=True)
         served += 1
