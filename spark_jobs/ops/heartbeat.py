@@ -67,23 +67,26 @@ def _parse(text: str | None) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+def _rebuild_waited_for(heartbeat: dict, query_name: str) -> dict:
+    """The driver's latest gold rebuild, if the query is one that waits for it; else {}."""
+    rebuilding = heartbeat.get("rebuilding") or {}
+    return rebuilding if query_name in rebuilding.get("queries", []) else {}
+
+
 def waiting_for_rebuild(heartbeat: dict, query_name: str) -> str | None:
     """What the query waits for, while its driver runs a gold rebuild it must not overlap."""
-    rebuilding = heartbeat.get("rebuilding") or {}
-    if query_name not in rebuilding.get("queries", []) or rebuilding.get("ended"):
+    rebuild = _rebuild_waited_for(heartbeat, query_name)
+    if not rebuild or rebuild.get("ended"):
         return None
-    return f"waiting for the gold rebuild of {rebuilding['days']} (since {rebuilding['since']})"
+    return f"waiting for the gold rebuild of {rebuild['days']} (since {rebuild['since']})"
 
 
 def last_progress(heartbeat: dict, query_name: str) -> datetime | None:
     """When the query last reported progress; a query that waited for a gold rebuild counts
     from the rebuild's end, since its next batch could only start then."""
     progressed = _parse(heartbeat["queries"][query_name].get("last_progress_at"))
-    rebuilding = heartbeat.get("rebuilding") or {}
-    ended = _parse(rebuilding.get("ended"))
-    if progressed is None or ended is None or query_name not in rebuilding.get("queries", []):
-        return progressed
-    return max(progressed, ended)
+    ended = _parse(_rebuild_waited_for(heartbeat, query_name).get("ended"))
+    return progressed if progressed is None or ended is None else max(progressed, ended)
 
 
 @dataclass(frozen=True)
