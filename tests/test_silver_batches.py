@@ -169,3 +169,39 @@ def test_every_copy_is_found_whatever_class_and_minute_it_comes_in(spark, settin
                    APP, 1, settings=settings)
     assert sorted(row.event_id for row in silver_rows(spark, settings)) == [
         "e-0", "e-1", "e-2", "e-3", "e-4", "fresh"]
+
+
+def test_the_ranges_a_merge_reads_are_joined_at_their_closest_gaps() -> None:
+    def minute(m: int) -> tuple:
+        start = datetime(2026, 11, 22, 0, 0) + timedelta(minutes=m)
+        return (start.date(), f"{start:%Y-%m-%d %H:%M:%S}.000000",
+                f"{start + timedelta(seconds=59):%Y-%m-%d %H:%M:%S}.000000")
+
+    spans = [minute(m) for m in (50, 0, 1, 2, 10)]
+    # Two ranges: the one cut is the widest gap (10 -> 50); minutes 0-10 become one range.
+    assert silver._joined(spans, 2) == [
+        ("2026-11-22 00:00:00.000000", "2026-11-22 00:10:59.000000"),
+        ("2026-11-22 00:50:00.000000", "2026-11-22 00:50:59.000000")]
+    # Within the limit, every minute keeps its own range.
+    assert len(silver._joined(spans, 5)) == 5
+
+
+def test_copies_spread_over_many_minutes_are_found_through_a_few_ranges(spark,
+                                                                        settings) -> None:
+    prepare(spark, settings)
+    # 120 events, each in its own minute over five days: late, so one class.
+    times = [(INGESTED - timedelta(hours=2, minutes=61 * n)).strftime("%Y-%m-%dT%H:%M:%SZ")
+             for n in range(120)]
+    silver.process(spark, bronze_frame(spark, [view(f"e-{n}", when)
+                                               for n, when in enumerate(times)]),
+                   APP, 0, settings=settings)
+    again = bronze_frame(spark, [view(f"e-{n}", when) for n, when in enumerate(times)],
+                         ingested_at=INGESTED + timedelta(hours=1), file_name="again.jsonl")
+    scopes = silver.merge_scopes(silver.first_deliveries(silver.accepted(
+        validate(again, Rules.from_settings(settings)))), settings)
+    assert set(scopes) == {False}
+    # 120 minutes of events, read through at most MAX_TIME_SLICES ranges (a filter Delta
+    # can still compile), and every copy is found: silver keeps its 120 rows.
+    assert scopes[False].count("BETWEEN") == silver.MAX_TIME_SLICES
+    silver.process(spark, again, APP, 1, settings=settings)
+    assert len(silver_rows(spark, settings)) == 120

@@ -16,7 +16,7 @@ identifier, so a batch replayed after a crash is not applied twice.
 from __future__ import annotations
 
 import logging
-from datetime import date
+from datetime import date, datetime
 from typing import TYPE_CHECKING
 
 from pyspark.sql import Window
@@ -82,10 +82,12 @@ def first_deliveries(events: DataFrame) -> DataFrame:
             .where("_delivery = 1").drop("_delivery"))
 
 
-# A MERGE looks at silver's files whose event times overlap its events' in these slices
-# (one per minute of event time that holds events, coarsened to hours, then dates, past
-# this many), so a straggler costs the few files around its own time.
-MAX_TIME_SLICES = 256
+# A MERGE looks at silver's files whose event times overlap its events' in at most this many
+# ranges (a range per minute of event time that holds events, the closest ones joined past
+# this many), so a straggler costs the few files around its own time. Delta turns the ranges
+# into one data-skipping filter over the table's file statistics; past about a hundred, its
+# generated code no longer compiles (64 KB) and every batch pays for the failed compilation.
+MAX_TIME_SLICES = 32
 
 
 def insert_new_events(spark: SparkSession, settings: Settings, events: DataFrame, *,
@@ -149,24 +151,32 @@ def _time_slices(classified: DataFrame) -> dict[bool, str]:
                .collect())
     predicates = {}
     for on_time_class in (True, False):
-        spans = sorted((r.event_date, r["first"], r["last"]) for r in minutes
-                       if r["_on_time"] == on_time_class)
+        spans = [(r.event_date, r["first"], r["last"]) for r in minutes
+                 if r["_on_time"] == on_time_class]
         if not spans:
             continue
-        for coarser in (lambda day, first: first[:13], lambda day, first: day):  # hour, date
-            if len(spans) <= MAX_TIME_SLICES:
-                break
-            merged: dict[object, tuple[date, str, str]] = {}
-            for day, first, last in spans:
-                key = coarser(day, first)
-                _, low, high = merged.get(key, (day, first, last))
-                merged[key] = (day, min(low, first), max(high, last))
-            spans = sorted(merged.values())
         days = ", ".join(sorted({f"DATE'{day.isoformat()}'" for day, _, _ in spans}))
         ranges = " OR ".join(f"t.event_time BETWEEN TIMESTAMP'{first}' AND TIMESTAMP'{last}'"
-                             for _, first, last in spans)
+                             for first, last in _joined(spans, MAX_TIME_SLICES))
         predicates[on_time_class] = f"t.event_date IN ({days}) AND ({ranges})"
     return predicates
+
+
+def _joined(spans: list[tuple[date, str, str]], limit: int) -> list[tuple[str, str]]:
+    """At most ``limit`` (first, last) ranges covering the spans: cut at the widest gaps."""
+    ordered = sorted((first, last) for _, first, last in spans)
+    gaps = sorted(range(1, len(ordered)),
+                  key=lambda i: _instant(ordered[i][0]) - _instant(ordered[i - 1][1]))
+    cuts = sorted(gaps[max(0, len(gaps) - limit + 1):])  # the widest limit - 1
+    ranges = []
+    for start, end in zip([0, *cuts], [*cuts, len(ordered)], strict=True):
+        group = ordered[start:end]
+        ranges.append((group[0][0], max(last for _, last in group)))
+    return ranges
+
+
+def _instant(shown: str) -> datetime:
+    return datetime.fromisoformat(shown)
 
 
 def process(spark: SparkSession, bronze_rows: DataFrame, app_id: str,
