@@ -40,6 +40,14 @@ def no_leftover_streams() -> Iterator[None]:
 
 
 @pytest.fixture
+def artifacts(request: pytest.FixtureRequest) -> Path:
+    """Where a test keeps what a person should be able to look at afterwards (screenshots):
+    ``test-artifacts/<test>`` (git-ignored), or under ``$LAKEHOUSE_TEST_ARTIFACTS``."""
+    base = Path(os.environ.get("LAKEHOUSE_TEST_ARTIFACTS", "test-artifacts"))
+    return base.resolve() / request.node.name
+
+
+@pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return make_settings(tmp_path / "lake")
 

@@ -1,8 +1,9 @@
 """`make run` for real: `lakehouse demo` starts airflow standalone (API server, scheduler,
-DAG processor, triggerer) with the DAGs unpaused, a live feed and the streams. Through its
-authenticated REST API the tests backfill `lakehouse_reprocess` beside the live streams,
-kill the streaming driver and watch the scheduler restart it, then stop everything with
-Ctrl-C and check that no record was lost or doubled."""
+DAG processor, triggerer) with the DAGs unpaused, a live feed and the streams. In a real
+browser (its login page, menus and backfill dialog) the tests backfill `lakehouse_reprocess`
+beside the live streams and follow its runs through the authenticated REST API; they kill
+the streaming driver and watch the scheduler restart it, then stop everything with Ctrl-C
+and check that no record was lost or doubled."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import pytest
 from spark_jobs import delta_reader
 from spark_jobs.demo import DAGS, PASSWORDS_FILE
 from spark_jobs.ops import heartbeat
+from tests.browser import airflow_ui
 from tests.conftest import cli_env, lakehouse_command, make_settings
 from tests.processes import run_lakehouse, wait_for
 
@@ -36,6 +38,8 @@ class Live:
     root: Path
     demo: subprocess.Popen[bytes]
     api: httpx.Client
+    base: str
+    password: str
 
     def call(self, method: str, path: str, **arguments: object) -> httpx.Response:
         """One API call; a 5xx is retried, since SQLite (the embedded default) reports
@@ -112,7 +116,7 @@ def live(tmp_path_factory) -> Iterator[Live]:
         assert token.status_code == 201, token.text
         api = httpx.Client(base_url=base, timeout=60, headers={
             "Authorization": f"Bearer {token.json()['access_token']}"})
-        yield Live(root, demo, api)
+        yield Live(root, demo, api, base, passwords["admin"])
     finally:
         stop_tree(demo)
 
@@ -171,22 +175,37 @@ def test_the_plugin_pages_need_the_airflow_login(live) -> None:
     assert live.call("GET", "/lakehouse/reports/x.html").status_code == 404
 
 
-def test_a_two_day_backfill_through_the_rest_api_rebuilds_one_day_per_run(live) -> None:
-    # The UI's backfill form posts exactly this; `airflow backfill create` makes the same.
-    # One run at a time: two cores hold the streams and one reprocess driver, not three.
+def test_a_two_day_backfill_from_the_ui_dialog_rebuilds_exactly_its_days(live,
+                                                                         artifacts) -> None:
+    """Issue 14 as a user does it: log in on the login page, open every DAG and plugin
+    page from the menus, backfill two days from the DAG's dialog with nothing but the
+    dates. Screenshots in ``artifacts``."""
     today = datetime.now(UTC).date()
     first, last = today - timedelta(days=3), today - timedelta(days=2)
-    created = live.call("POST", "/api/v2/backfills", json={
-        "dag_id": "lakehouse_reprocess", "from_date": f"{first}T00:00:00Z",
-        "to_date": f"{last}T00:00:00Z", "max_active_runs": 1})
-    assert created.status_code == 200, created.text
+    with airflow_ui(live.base, artifacts) as ui:
+        ui.log_in("admin", live.password)
+        ui.open_dags_from_the_menu(list(DAGS))
+        ui.open_from_browse_menu("Stream health")
+        health = ui.plugin_frame_text()
+        ui.screenshot("06-stream-health")
+        for stream in ("bronze_ad_events", "silver_ad_events", "silver_ad_campaigns",
+                       "gold_campaign_stats", "gold_ad_attribution"):
+            assert stream in health, health
+        assert "input rows/s" in health  # records, not files
+        ui.open_from_browse_menu("Data quality report")
+        ui.screenshot("07-quality")
+        posted = ui.backfill("lakehouse_reprocess", first, last)
+    # The dialog posted the dates and no run parameters: the REST call with an empty
+    # dag_run_conf that `airflow backfill create` also makes.
+    assert (posted["from_date"][:10], posted["to_date"][:10]) == (str(first), str(last))
+    assert not posted.get("dag_run_conf"), posted
 
     def backfill_runs() -> list[dict]:
         return live.runs("lakehouse_reprocess", run_type="backfill")
 
     wait_for(lambda: len(backfill_runs()) == 2, "the backfill created no runs", timeout=300)
     runs = backfill_runs()
-    # About 7 minutes a day beside the streams on 2 cores (issue 14's backfill speed).
+    # About 6 minutes a day beside the streams on 2 cores (issue 14's backfill speed).
     live.wait_for_runs("lakehouse_reprocess", {r["dag_run_id"] for r in runs}, timeout=1500)
     assert sorted(r["data_interval_start"][:10] for r in runs) == [str(first), str(last)]
     # Each run rebuilt the day of its data interval, and only that day.
@@ -194,6 +213,11 @@ def test_a_two_day_backfill_through_the_rest_api_rebuilds_one_day_per_run(live) 
         day = run["data_interval_start"][:10]
         log = live.task_log("lakehouse_reprocess", run["dag_run_id"], "rebuild_dates")
         assert f"--from {day}" in log and f"--to {day}" in log, log[-2000:]
+    with airflow_ui(live.base, artifacts) as ui:
+        ui.log_in("admin", live.password)
+        ui.open("/dags/lakehouse_reprocess/runs")
+        ui.page.get_by_text("backfill", exact=False).first.wait_for()
+        ui.screenshot("12-backfill-runs")
 
 
 def test_a_killed_streaming_driver_is_restarted(live) -> None:
