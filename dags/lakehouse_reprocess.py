@@ -9,8 +9,8 @@ Rebuilds event dates of silver and gold from bronze with `lakehouse reprocess`
   2026-11-01 --to-date 2026-11-07`, or the UI's *Run Backfill* with only the two dates,
   rebuilds those seven days, one run per day. Leave `from` and `to` empty in a backfill:
   given, every run of the backfill would rebuild that whole range. The nightly run starts
-  at midnight UTC and rebuilds the day that just ended. Every run also repairs the dates
-  the late-data ledger lists (`--late`).
+  at midnight UTC and rebuilds the day that just ended. Every run then repairs the dates
+  the late-data ledger lists (`--late`), in the same Spark application.
 - **Manual runs** (*Trigger*) take `from` and `to` (YYYY-MM-DD, both included; empty: the
   run's day), `layers` and `quarantine` (re-validate quarantined records with the current
   rules first). No parameter is required; a bad date is refused, naming the parameter.
@@ -98,13 +98,12 @@ def lakehouse_reprocess() -> None:
         "rebuild_dates", "reprocess",
         "--from", "{{ params['from'] or run_day(dag_run) }}",
         "--to", "{{ params['to'] or run_day(dag_run) }}",
-        "--layers", "{{ params.layers }}", outlets=assets(*REBUILDS),
+        "--layers", "{{ params.layers }}", "--late", outlets=assets(*REBUILDS),
         trigger_rule="none_failed", task_display_name="rebuild the run's day (or from..to)",
-        doc_md="Rebuilds the run's data interval day, or `from`..`to` when given: the "
+        doc_md="Rebuilds the run's data interval day, or `from`..`to` when given, then the "
+               "dates the late-data ledger lists (one Spark application for both): the "
                "*Rendered Templates* tab shows the exact `--from` and `--to`.")
-    repair_late = lakehouse_job("repair_late_dates", "reprocess", "--late",
-                                outlets=assets(*REBUILDS[1:]))
-    quarantine_requested >> replay >> rebuild >> repair_late
+    quarantine_requested >> replay >> rebuild
 
 
 lakehouse_reprocess()

@@ -187,8 +187,10 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs.silver.validation import Rules
 
     ranged = args.first is not None or args.last is not None
-    if sum([ranged, args.quarantine, args.late]) != 1:
-        raise UsageError("give exactly one of: --from and --to, --quarantine, --late")
+    # --late may follow a range: a nightly run rebuilds its day, then the ledger's dates.
+    if sum([ranged, args.quarantine, args.late and not ranged]) != 1:
+        raise UsageError("give one of: --from and --to (optionally with --late), "
+                         "--quarantine, --late")
     if ranged and (args.first is None or args.last is None):
         raise UsageError("--from and --to go together")
     if args.reason and not args.quarantine:
@@ -229,7 +231,7 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
                 changes += gold_writer.rebuild(spark, settings, reprocess.DateRange(
                     date.fromisoformat(recovered_dates[0]),
                     date.fromisoformat(recovered_dates[-1])), False)
-        else:
+        if args.late:  # after the range: a date it rebuilt in gold is repaired already
             late_dates = reprocess.unrepaired_late_dates(settings)
             if not late_dates:
                 print("the late-data ledger has no unrepaired dates: nothing to do")
@@ -453,7 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="re-validate quarantined records; move those that now pass")
     rebuild.add_argument("--reason", help="with --quarantine: only records of this reason")
     rebuild.add_argument("--late", action="store_true",
-                         help="rebuild the dates the late-data ledger lists as unrepaired")
+                         help="rebuild the dates the late-data ledger lists as unrepaired (after "
+                              "--from..--to when given)")
     rebuild.add_argument("--dry-run", action="store_true",
                          help="print what would change, write nothing")
     rebuild.add_argument("--json", action="store_true", help="the changes as JSON")

@@ -73,6 +73,8 @@ class AirflowUI:
             picker.get_by_placeholder("YYYY/MM/DD").fill(f"{day:%Y/%m/%d}")
             picker.get_by_placeholder("HH:mm").fill("00:00")
             dialog.get_by_text("Date Range").click()  # closes the picker
+            picker.wait_for(state="hidden")
+        self.page.wait_for_load_state("networkidle")  # the dialog counts the runs to come
         self.screenshot("10-backfill-dialog")
         with self.page.expect_request(
                 lambda request: request.method == "POST"

@@ -15,9 +15,10 @@ def lines_of(spark, files: dict[str, str]) -> list[tuple[str, int, str]]:
 
 
 def test_each_non_blank_line_becomes_one_row_with_its_position(spark) -> None:
-    rows = lines_of(spark, {"a.jsonl": '{"n":1}\n\n   \n{"n":2}\n'})
-    # Lines 2 and 3 are blank: not records. Positions are the file's own line numbers.
-    assert rows == [("a.jsonl", 1, '{"n":1}'), ("a.jsonl", 4, '{"n":2}')]
+    rows = lines_of(spark, {"a.jsonl": '{"n":1}\n\n   \n\t\f\u000b \r\n{"n":2}\n'})
+    # Lines 2 to 4 are blank (nothing, spaces, other white space): not records. Positions
+    # are the file's own line numbers.
+    assert rows == [("a.jsonl", 1, '{"n":1}'), ("a.jsonl", 5, '{"n":2}')]
 
 
 def test_bom_and_crlf_do_not_reach_the_raw_text(spark) -> None:

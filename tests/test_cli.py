@@ -18,6 +18,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     (("stream", "--layers", "platinum"), "unknown layer platinum"),
     (("stream", "--trigger", "soon"), "not an interval"),
     (("frobnicate",), "invalid choice"),
+    # --late may follow a range (the nightly run does both), not a quarantine replay.
+    (("reprocess", "--quarantine", "--late"), "give one of"),
+    (("reprocess", "--from", "2026-11-02", "--to", "2026-11-01", "--late"), "after"),
 ])
 def test_bad_arguments_get_one_line_and_a_non_zero_exit(tmp_path: Path, args: tuple[str, ...],
                                                          message: str) -> None:

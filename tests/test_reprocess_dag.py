@@ -84,6 +84,8 @@ def rendered(case):
 print(json.dumps({
     "errors": {path: str(error) for path, error in bag.import_errors.items()},
     "display_name": task.task_display_name,
+    "late": "--late" in task.application_args,
+    "tasks": sorted(served.task_ids),
     "ui": {name: ui_field(served.params.get_param(name)) for name in served.params},
     "trigger": [outcome(lambda conf=conf: validated(conf)) for conf in cases["confs"]],
     "backfill": [outcome(lambda conf=conf: served.params.deep_merge(conf).validate())
@@ -171,3 +173,6 @@ def test_an_empty_range_rebuilds_exactly_the_runs_day(report) -> None:
 
 def test_the_rebuild_task_says_what_it_rebuilds(report) -> None:
     assert report["display_name"] == "rebuild the run's day (or from..to)"
+    # The same spark-submit repairs the late-data ledger's dates: no second task.
+    assert report["late"] and report["tasks"] == [
+        "quarantine_requested", "rebuild_dates", "replay_quarantine"]

@@ -52,6 +52,9 @@ RECORDS_METRIC = "records"
 # writers use before their atomic rename.
 LANDING_GLOB = "*.{jsonl,jsonl.gz}"
 
+BOM = "\ufeff"
+BLANKS = " \t\n\u000b\f\r"  # what a regular expression's \s matches: a blank line
+
 
 def lines_from_files(files: DataFrame) -> DataFrame:
     """Whole files (``value``, ``file_path``) to one bronze row per non-blank line.
@@ -60,16 +63,23 @@ def lines_from_files(files: DataFrame) -> DataFrame:
     the same identity however often the file is read. A leading byte-order mark and a
     trailing carriage return belong to the file's encoding, not to the record: both go.
     """
+    line = F.col("line")
+    # Plain string tests, not regular expressions: this runs on every record.
+    no_bom = F.when(line.startswith(BOM), F.expr("substr(line, 2)")).otherwise(line)
     lines = files.select(
         "file_path",
         F.posexplode(F.split("value", "\n")).alias("line_index", "line"),
     ).select(
         "file_path",
         (F.col("line_index") + 1).cast("long").alias("source_line"),
-        F.regexp_replace(F.regexp_replace("line", "^\uFEFF", ""), "\r$", "").alias("raw"),
+        no_bom.alias("line"),
+    ).select(
+        "file_path", "source_line",
+        F.when(line.endswith("\r"), F.expr("substr(line, 1, length(line) - 1)"))
+        .otherwise(line).alias("raw"),
     )
     ingested_at = F.current_timestamp()
-    return lines.where(~F.col("raw").rlike(r"^\s*$")).select(
+    return lines.where(F.btrim("raw", F.lit(BLANKS)) != "").select(
         F.concat_ws(":", F.lit("file"), "file_path", F.col("source_line").cast("string"))
         .alias("bronze_id"),
         "raw",
