@@ -232,9 +232,11 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
                     date.fromisoformat(recovered_dates[0]),
                     date.fromisoformat(recovered_dates[-1])), False)
         if args.late:  # after the range: a date it rebuilt in gold is repaired already
-            late_dates = reprocess.unrepaired_late_dates(settings)
+            late_dates = [day for day in reprocess.unrepaired_late_dates(settings)
+                          if days is None or "gold" not in layers
+                          or not days.first <= day <= days.last]  # (a dry run's range)
             if not late_dates:
-                print("the late-data ledger has no unrepaired dates: nothing to do")
+                print("the late-data ledger has no other unrepaired dates", file=sys.stderr)
             for day in late_dates:
                 changes += gold_writer.rebuild(spark, settings, reprocess.DateRange(day, day),
                                                args.dry_run)

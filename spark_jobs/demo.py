@@ -134,33 +134,42 @@ def run(settings: Settings, options: DemoOptions) -> int:
 class FirstReport:
     """Triggers ``lakehouse_quality`` once, as soon as gold has rows: its schedule (hourly,
     and on asset updates, which continuous streams never finish a task to emit) would
-    leave a new user without a data quality report for up to an hour."""
+    leave a new user without a data quality report for up to an hour. A failed trigger
+    (SQLite busy, the DAG not serialized yet) is tried again."""
 
     def __init__(self, settings: Settings, env: dict[str, str], log_dir: Path) -> None:
         self.gold = settings.table_path("gold/campaign_stats")
         self.env, self.log = env, log_dir / "first-quality-run.log"
-        self.triggered = False
+        self.trigger: subprocess.Popen[bytes] | None = None
+        self.done = False
         self.next_look = 0.0
 
     def poll(self) -> None:
-        if self.triggered or time.monotonic() < self.next_look:
+        if self.done or time.monotonic() < self.next_look:
             return
         self.next_look = time.monotonic() + 10
+        if self.trigger is not None:
+            if self.trigger.poll() is None:
+                return
+            self.done = self.trigger.returncode == 0
+            if self.done:
+                print("gold has rows: the first data quality run is triggered (its report "
+                      "follows under Browse > Data quality report)", flush=True)
+                return
         if not self._gold_has_rows():
             return
-        self.triggered = True
-        subprocess.Popen([_bin("airflow"), "dags", "trigger", "lakehouse_quality"],
-                         env=self.env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
-                         start_new_session=True)
-        print("gold has rows: the first data quality run is triggered (the report follows "
-              "under Browse > Data quality report)", flush=True)
+        with self.log.open("ab") as log:
+            self.trigger = subprocess.Popen(
+                [_bin("airflow"), "dags", "trigger", "lakehouse_quality"], env=self.env,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def _gold_has_rows(self) -> bool:
         from spark_jobs import delta_reader
 
-        if not delta_reader.is_delta_table(self.gold):
+        try:
+            return delta_reader.read_arrow(self.gold, ["views"]).num_rows > 0
+        except Exception:  # noqa: BLE001 - not created, mid-creation or being compacted
             return False
-        return delta_reader.read_arrow(self.gold, ["views"]).num_rows > 0
 
 
 def _shut_down(settings: Settings, env: dict[str, str], feed: subprocess.Popen[bytes],

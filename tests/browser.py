@@ -74,7 +74,8 @@ class AirflowUI:
             picker.get_by_placeholder("HH:mm").fill("00:00")
             dialog.get_by_text("Date Range").click()  # closes the picker
             picker.wait_for(state="hidden")
-        self.page.wait_for_load_state("networkidle")  # the dialog counts the runs to come
+        # The dialog counts the runs the range will create before it can be submitted.
+        dialog.get_by_text("will be triggered", exact=False).first.wait_for()
         self.screenshot("10-backfill-dialog")
         with self.page.expect_request(
                 lambda request: request.method == "POST"
