@@ -192,7 +192,7 @@ def test_a_two_day_backfill_from_the_ui_dialog_rebuilds_exactly_its_days(live,
         # running, or behind its feed on two busy cores; not waiting, stalled or stopped.
         for stream in ("bronze_ad_events", "silver_ad_events", "silver_ad_campaigns",
                        "gold_campaign_stats", "gold_ad_attribution"):
-            [row] = [line for line in health.splitlines() if line.startswith(stream)]
+            [row] = [line for line in health.splitlines() if line.startswith(f"{stream}\t")]
             state = row.split("\t")[1]
             assert state.startswith(("running", "falling behind")), row
         posted = ui.backfill("lakehouse_reprocess", first, last)
