@@ -4,6 +4,7 @@ broken expectations, and the report renders in a real browser."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from datetime import UTC, date, datetime, timedelta
@@ -323,3 +324,16 @@ def test_the_ui_plugin_serves_the_latest_report_and_its_data_docs_to_logged_in_u
     assert served["link"] == [307, f"reports/{page.name}"]
     assert served["page"] == [200, True] and served["docs"] == 200
     assert served["escape"] == 404  # nothing outside the reports folder
+
+
+def test_a_lone_run_is_plotted_on_hours_not_years() -> None:
+    import pandas as pd
+
+    one_run = pd.DataFrame({"run_at": [pd.Timestamp("2026-11-24 01:00")],
+                            "suite": ["silver.ad_events"], "status": ["passed"]})
+    svg = report.suite_history_chart(one_run)
+    # matplotlib names each tick label in a comment: hours of that day, no year ticks
+    # (autoscale alone spread the one point over 2025 to 2029).
+    labels = re.findall(r"<!-- (.*?) -->", svg)
+    assert "01:00" in labels, labels
+    assert not {"2025", "2026", "2027", "2028", "2029"} & set(labels), labels

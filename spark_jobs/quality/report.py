@@ -183,9 +183,18 @@ def _figure(title: str):  # noqa: ANN202 - (Figure, Axes)
     return figure, axes
 
 
+# A time axis spans at least this many days: a lone point or hour gets the two hours around
+# it, not the years matplotlib's autoscale would stretch it over.
+MIN_TIME_SPAN_DAYS = 2 / 24
+
+
 def _time_axis(axes) -> None:  # noqa: ANN001
     import matplotlib.dates as mdates
 
+    low, high = axes.dataLim.intervalx
+    if low <= high and high - low < MIN_TIME_SPAN_DAYS:
+        middle = (low + high) / 2
+        axes.set_xlim(middle - MIN_TIME_SPAN_DAYS / 2, middle + MIN_TIME_SPAN_DAYS / 2)
     locator = mdates.AutoDateLocator(maxticks=8)
     axes.xaxis.set_major_locator(locator)
     axes.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
