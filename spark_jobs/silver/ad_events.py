@@ -166,17 +166,14 @@ def _joined(spans: list[tuple[date, str, str]], limit: int) -> list[tuple[str, s
     """At most ``limit`` (first, last) ranges covering the spans: cut at the widest gaps."""
     ordered = sorted((first, last) for _, first, last in spans)
     gaps = sorted(range(1, len(ordered)),
-                  key=lambda i: _instant(ordered[i][0]) - _instant(ordered[i - 1][1]))
+                  key=lambda i: (datetime.fromisoformat(ordered[i][0])
+                                 - datetime.fromisoformat(ordered[i - 1][1])))
     cuts = sorted(gaps[max(0, len(gaps) - limit + 1):])  # the widest limit - 1
     ranges = []
     for start, end in zip([0, *cuts], [*cuts, len(ordered)], strict=True):
         group = ordered[start:end]
         ranges.append((group[0][0], max(last for _, last in group)))
     return ranges
-
-
-def _instant(shown: str) -> datetime:
-    return datetime.fromisoformat(shown)
 
 
 def process(spark: SparkSession, bronze_rows: DataFrame, app_id: str,
