@@ -9,8 +9,9 @@ Rebuilds event dates of silver and gold from bronze with `lakehouse reprocess`
   2026-11-01 --to-date 2026-11-07`, or the UI's *Run Backfill* with only the two dates,
   rebuilds those seven days, one run per day. Leave `from` and `to` empty in a backfill:
   given, every run of the backfill would rebuild that whole range. The nightly run starts
-  at midnight UTC and rebuilds the day that just ended. Every run then repairs the dates
-  the late-data ledger lists (`--late`), in the same Spark application.
+  at midnight UTC and rebuilds the day that just ended, then repairs the dates the
+  late-data ledger lists (`--late`), in the same Spark application. Backfill and manual
+  runs rebuild their days and nothing else.
 - **Manual runs** (*Trigger*) take `from` and `to` (YYYY-MM-DD, both included; empty: the
   run's day), `layers` and `quarantine` (re-validate quarantined records with the current
   rules first). No parameter is required; a bad date is refused, naming the parameter.
@@ -98,11 +99,14 @@ def lakehouse_reprocess() -> None:
         "rebuild_dates", "reprocess",
         "--from", "{{ params['from'] or run_day(dag_run) }}",
         "--to", "{{ params['to'] or run_day(dag_run) }}",
-        "--layers", "{{ params.layers }}", "--late", outlets=assets(*REBUILDS),
+        "--layers", "{{ params.layers }}",
+        "{{ '--late' if dag_run.run_type == 'scheduled' else '--no-late' }}",
+        outlets=assets(*REBUILDS),
         trigger_rule="none_failed", task_display_name="rebuild the run's day (or from..to)",
-        doc_md="Rebuilds the run's data interval day, or `from`..`to` when given, then the "
-               "dates the late-data ledger lists (one Spark application for both): the "
-               "*Rendered Templates* tab shows the exact `--from` and `--to`.")
+        doc_md="Rebuilds the run's data interval day, or `from`..`to` when given; the "
+               "nightly run then repairs the dates the late-data ledger lists (`--late`, in "
+               "the same Spark application). The *Rendered Templates* tab shows the exact "
+               "`--from` and `--to`.")
     quarantine_requested >> replay >> rebuild
 
 

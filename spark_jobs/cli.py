@@ -456,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     rebuild.add_argument("--quarantine", action="store_true",
                          help="re-validate quarantined records; move those that now pass")
     rebuild.add_argument("--reason", help="with --quarantine: only records of this reason")
-    rebuild.add_argument("--late", action="store_true",
+    rebuild.add_argument("--late", action=argparse.BooleanOptionalAction, default=False,
                          help="rebuild the dates the late-data ledger lists as unrepaired (after "
                               "--from..--to when given)")
     rebuild.add_argument("--dry-run", action="store_true",

@@ -39,5 +39,14 @@ def read_rows(path: str | Path, columns: Sequence[str] | None = None) -> list[di
     return read_arrow(path, columns).to_pylist()
 
 
+def applied_batch(path: str | Path, app_id: str) -> tuple[int, int | None]:
+    """The table's latest version, and the last batch of ``app_id`` (a streaming query's
+    id) applied up to it: the transaction version its idempotent writes recorded."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(path))
+    return table.version(), table.transaction_version(app_id)
+
+
 def _quoted(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'

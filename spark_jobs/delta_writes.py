@@ -41,13 +41,15 @@ def query_id(checkpoint: str) -> str:
     return json.loads(metadata.read_text("utf-8").splitlines()[0])["id"]
 
 
-def read_position(checkpoint: str) -> int | None:
-    """The version of its Delta source that a query has read up to (exclusive), from its
-    last committed batch; None if it has committed none."""
-    commits = [int(p.name) for p in (Path(checkpoint) / "commits").glob("[0-9]*")]
-    if not commits:
-        return None
-    offset = (Path(checkpoint) / "offsets" / str(max(commits))).read_text("utf-8")
+def read_position(checkpoint: str, batch_id: int | None = None) -> int | None:
+    """The version of its Delta source that a query has read up to (exclusive), after batch
+    ``batch_id`` (default: its last committed batch); None if it has committed none."""
+    if batch_id is None:
+        commits = [int(p.name) for p in (Path(checkpoint) / "commits").glob("[0-9]*")]
+        if not commits:
+            return None
+        batch_id = max(commits)
+    offset = (Path(checkpoint) / "offsets" / str(batch_id)).read_text("utf-8")
     position = json.loads(offset.splitlines()[-1])
     return position["reservoirVersion"] + (1 if position["index"] >= 0 else 0)
 

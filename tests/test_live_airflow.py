@@ -58,13 +58,20 @@ class Live:
         return response.json()["dag_runs"]
 
     def wait_for_runs(self, dag_id: str, run_ids: set[str], timeout: float = 900) -> None:
-        """Until every run is finished; each must have succeeded."""
+        """Until every run is finished; each must have succeeded (a failure shows the end
+        of its failed tasks' logs)."""
         def finished() -> bool:
             states = {r["dag_run_id"]: r["state"] for r in self.runs(dag_id)
                       if r["dag_run_id"] in run_ids}
-            assert "failed" not in states.values(), states
+            failed = [run_id for run_id, state in states.items() if state == "failed"]
+            assert not failed, (states, [self.failed_task_logs(dag_id, r) for r in failed])
             return len(states) == len(run_ids) and set(states.values()) == {"success"}
         wait_for(finished, f"{dag_id} runs {run_ids} did not succeed", timeout=timeout)
+
+    def failed_task_logs(self, dag_id: str, run_id: str) -> dict[str, str]:
+        tasks = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
+        return {t["task_id"]: self.task_log(dag_id, run_id, t["task_id"])[-1500:]
+                for t in tasks.json()["task_instances"] if t["state"] == "failed"}
 
     def task_log(self, dag_id: str, run_id: str, task_id: str) -> str:
         response = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/"
@@ -225,13 +232,13 @@ def test_a_two_day_backfill_from_the_ui_dialog_rebuilds_exactly_its_days(live,
             ui.page.get_by_role("link", name=run["dag_run_id"]).first.wait_for()
         ui.screenshot("12-backfill-runs")
         # The demo triggered a first validation once gold had rows; it waited while the
-        # quality DAG was paused (the first test pauses it), and runs now.
-        assert any(r["run_type"] == "manual" for r in live.runs("lakehouse_quality"))
+        # quality DAG was paused (the first test pauses it), and runs now, beside the live
+        # streams: every critical expectation holds while they write.
+        [first_validation] = [r["dag_run_id"] for r in live.runs("lakehouse_quality")
+                              if r["run_type"] == "manual"]
         set_paused(live, "lakehouse_quality", False)
         try:
-            wait_for(lambda: any(r["state"] == "success"
-                                 for r in live.runs("lakehouse_quality")),
-                     "no lakehouse_quality run succeeded", timeout=600)
+            live.wait_for_runs("lakehouse_quality", {first_validation}, timeout=600)
         finally:
             set_paused(live, "lakehouse_quality", True)
         ui.open_from_browse_menu("Data quality report")

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import late_data
 from spark_jobs.quality import report, results, suites
-from spark_jobs.quality.validate import run_values, validate
+from spark_jobs.quality.validate import gold_cut, validate
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from tests.conftest import make_settings
@@ -49,7 +50,7 @@ def test_every_table_has_a_suite_with_its_grain_and_severities(settings) -> None
                                           "silver.quarantine", "gold.ad_attribution",
                                           "gold.campaign_stats"]
     for table in suites.available(settings):
-        suite = suites.load(settings, table, values=run_values(settings))
+        suite = suites.load(settings, table, values=gold_cut(settings).values(settings))
         assert suite.grain.startswith("One row per")
         assert {e["severity"] for e in suite.expectations} <= {"critical", "warning"}
         assert "$" not in json.dumps(suite.document)  # every placeholder filled in
@@ -75,8 +76,8 @@ def test_a_date_range_leaves_out_the_whole_table_checks(settings) -> None:
 def test_an_unknown_suite_or_placeholder_is_a_clear_error(settings) -> None:
     with pytest.raises(ConfigError, match="no expectation suite for gold.nope"):
         suites.load(settings, "gold.nope")
-    # $silver_seen_by_gold is a value of the run, not a setting.
-    with pytest.raises(ConfigError, match=r"uses \$silver_seen_by_gold"):
+    # $in_gold_cut is a value of the run, not a setting.
+    with pytest.raises(ConfigError, match=r"uses \$in_gold_cut"):
         suites.load(settings, "gold.campaign_stats")
 
 
@@ -87,7 +88,8 @@ def test_clean_data_passes_every_suite_and_is_recorded(spark, clean_root) -> Non
     # warning thresholds (10%, 5%): clean data raises no warning either.
     assert failed(run, "warning") == set()
     history = spark.read.format("delta").load(results.TABLE.path(clean_root))
-    expected = sum(len(suites.load(clean_root, t, values=run_values(clean_root)).expectations)
+    values = gold_cut(clean_root).values(clean_root)
+    expected = sum(len(suites.load(clean_root, t, values=values).expectations)
                    for t in suites.available(clean_root))
     assert history.where(F.col("run_id") == run.run_id).count() == expected
     details = {r.details for v in run.verdicts for r in v.results}
@@ -106,9 +108,41 @@ def test_a_date_range_is_validated_without_the_whole_table_checks(spark, clean_r
     run = validate(spark, clean_root, ["silver.ad_events"], today - timedelta(days=1), today)
     [verdict] = run.verdicts
     assert verdict.passed
-    whole = suites.load(clean_root, "silver.ad_events", values=run_values(clean_root))
+    whole = suites.load(clean_root, "silver.ad_events",
+                        values=gold_cut(clean_root).values(clean_root))
     assert len(verdict.results) == len(whole.expectations) - 1  # freshness left out
     assert {r.first_date for r in verdict.results} == {today - timedelta(days=1)}
+
+
+def test_a_gold_batch_during_the_validation_does_not_skew_the_reconciliation(
+        spark, clean_root, tmp_path) -> None:
+    """The live race: the gold stream writes its next micro-batch (a ledger row, gold
+    counts) after a validation has started. Read as of the cut taken at its start, every
+    closed window reconciles; read at the tables' latest versions, it did not."""
+    root = tmp_path / "lake"
+    shutil.copytree(clean_root.root, root)
+    settings = make_settings(root)
+    cut = gold_cut(settings)
+    assert cut.batch_id is not None and cut.silver_version is not None
+    # The stream's next batch: two events of the newest window, which it counts, and two of
+    # the oldest, which its watermark has closed, so the ledger lists them as late.
+    read_silver = spark.read.format("delta").load(silver.TABLE.path(settings))
+    events = (read_silver.orderBy(F.desc("event_time")).limit(2)
+              .unionByName(read_silver.orderBy("event_time").limit(2))
+              .withColumn("event_id", F.concat(F.lit("next-"), "event_id")))
+    campaign_stats.process(spark, events, cut.query_id, cut.batch_id + 1, settings=settings)
+    ledger = spark.read.format("delta").load(late_data.TABLE.path(settings))
+    assert ledger.where(F.col("batch_id") == cut.batch_id + 1).count() > 0
+
+    reconcile = ("gold.campaign_stats", "Closed windows reconcile with silver: events in "
+                 "silver = events counted in gold + late events not yet repaired")
+    as_of_the_cut = validate(spark, settings, ["gold.campaign_stats"], cut=cut)
+    assert as_of_the_cut.passed, [v.summary() for v in as_of_the_cut.verdicts]
+    # Silver as the stream had read it, but gold and the ledger as they are now: the new
+    # batch's late events are listed for events silver did not hold yet.
+    skewed = validate(spark, settings, ["gold.campaign_stats"],
+                      cut=replace(cut, gold_version=None, query_id=None, batch_id=None))
+    assert failed(skewed, "critical") == {reconcile}
 
 
 def _append(spark, settings, spec, rows) -> None:

@@ -73,18 +73,18 @@ def rendered(case):
     dag_run = SimpleNamespace(
         data_interval_start=run["data_interval_start"] and datetime.fromisoformat(
             run["data_interval_start"]),
-        run_after=datetime.fromisoformat(run["run_after"]))
+        run_after=datetime.fromisoformat(run["run_after"]), run_type=run["run_type"])
     context = {"params": validated(case["conf"]), "dag_run": dag_run}
     if dag_run.data_interval_start:  # the task runner's context has it only then
         context["data_interval_start"] = dag_run.data_interval_start
     args = task.render_template(task.application_args, context)
-    return {"from": args[args.index("--from") + 1], "to": args[args.index("--to") + 1]}
+    return {"from": args[args.index("--from") + 1], "to": args[args.index("--to") + 1],
+            "late": "--late" in args}
 
 
 print(json.dumps({
     "errors": {path: str(error) for path, error in bag.import_errors.items()},
     "display_name": task.task_display_name,
-    "late": "--late" in task.application_args,
     "tasks": sorted(served.task_ids),
     "ui": {name: ui_field(served.params.get_param(name)) for name in served.params},
     "trigger": [outcome(lambda conf=conf: validated(conf)) for conf in cases["confs"]],
@@ -108,11 +108,14 @@ BAD_CONFS = [
 CONFS = [*EMPTY_CONFS, {"from": "2026-11-01", "to": "2026-11-03"}, *BAD_CONFS]
 
 NIGHTLY = {"data_interval_start": "2026-11-04T00:00:00+00:00",
-           "run_after": "2026-11-05T00:00:00+00:00"}
+           "run_after": "2026-11-05T00:00:00+00:00", "run_type": "scheduled"}
+BACKFILL = NIGHTLY | {"run_type": "backfill"}
 # Airflow 3 lets a manual run have no logical date, hence no data interval.
-NO_INTERVAL = {"data_interval_start": None, "run_after": "2026-11-05T10:30:00+00:00"}
+NO_INTERVAL = {"data_interval_start": None, "run_after": "2026-11-05T10:30:00+00:00",
+               "run_type": "manual"}
 RENDERS = [
     *({"conf": conf, "dag_run": NIGHTLY} for conf in EMPTY_CONFS),
+    {"conf": {}, "dag_run": BACKFILL},
     {"conf": {}, "dag_run": NO_INTERVAL},
     {"conf": {"from": "2026-11-01", "to": "2026-11-03"}, "dag_run": NIGHTLY},
     {"conf": {"from": "2026-11-01"}, "dag_run": NIGHTLY},
@@ -163,16 +166,18 @@ def test_a_bad_date_is_refused_naming_the_param(report) -> None:
 
 def test_an_empty_range_rebuilds_exactly_the_runs_day(report) -> None:
     day = {"from": "2026-11-04", "to": "2026-11-04"}
-    *empty, no_interval, explicit, from_only = report["rendered"]
-    assert empty == [{"ok": day}] * len(EMPTY_CONFS)
+    *nightly, backfill, no_interval, explicit, from_only = report["rendered"]
+    # The nightly run alone also repairs the late-data ledger's dates (in the same
+    # spark-submit: no second task); a backfill or manual run rebuilds its days only.
+    assert nightly == [{"ok": day | {"late": True}}] * len(EMPTY_CONFS)
+    assert backfill == {"ok": day | {"late": False}}
     # No data interval: the day before the run, the last complete day.
-    assert no_interval == {"ok": day}
-    assert explicit == {"ok": {"from": "2026-11-01", "to": "2026-11-03"}}
-    assert from_only == {"ok": {"from": "2026-11-01", "to": "2026-11-04"}}
+    assert no_interval == {"ok": day | {"late": False}}
+    assert explicit == {"ok": {"from": "2026-11-01", "to": "2026-11-03", "late": True}}
+    assert from_only == {"ok": {"from": "2026-11-01", "to": "2026-11-04", "late": True}}
 
 
 def test_the_rebuild_task_says_what_it_rebuilds(report) -> None:
     assert report["display_name"] == "rebuild the run's day (or from..to)"
-    # The same spark-submit repairs the late-data ledger's dates: no second task.
-    assert report["late"] and report["tasks"] == [
+    assert report["tasks"] == [
         "quarantine_requested", "rebuild_dates", "replay_quarantine"]

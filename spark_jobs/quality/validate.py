@@ -18,9 +18,10 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs import delta_reader
 from spark_jobs.config import Settings
 from spark_jobs.datasets import DATA_TABLES, REFERENCE_TABLES
-from spark_jobs.delta_writes import read_position
+from spark_jobs.delta_writes import query_id, read_position
 from spark_jobs.gold import campaign_stats
 from spark_jobs.quality import results, suites
 from spark_jobs.quality.results import Result
@@ -101,39 +102,83 @@ def context(settings: Settings) -> AbstractDataContext:
     return gx_context
 
 
+@dataclass(frozen=True)
+class GoldCut:
+    """The gold stream at one moment, so that a validation beside the live stream compares
+    figures that belong together.
+
+    A gold micro-batch appends to the late-data ledger, merges into gold, then records its
+    watermark, while the validation reads silver, gold and those two tables one after the
+    other. So gold is read at ``gold_version``, which holds the stream's batches up to
+    ``batch_id``; the ledger and the watermarks without the later batches of ``query_id``;
+    and silver at ``silver_version``, as those batches had read it. Without a gold stream
+    every table is read at its latest version.
+    """
+
+    gold_version: int | None = None
+    query_id: str | None = None
+    batch_id: int | None = None
+    silver_version: int | None = None
+
+    def version_of(self, table: str) -> int | None:
+        return self.gold_version if table == campaign_stats.TABLE.name else None
+
+    def values(self, settings: Settings) -> dict[str, str]:
+        """The suites' placeholders that depend on the moment."""
+        seen = (silver.TABLE.name if self.silver_version is None else
+                f"delta.`{silver.TABLE.path(settings)}` VERSION AS OF {self.silver_version}")
+        if self.query_id is None:
+            in_cut = "TRUE"
+        else:
+            later = -1 if self.batch_id is None else self.batch_id
+            in_cut = f"NOT (query_id = '{self.query_id}' AND batch_id > {later})"
+        return {"silver_seen_by_gold": seen, "in_gold_cut": in_cut}
+
+
+def gold_cut(settings: Settings) -> GoldCut:
+    """Gold's latest version, the stream's last batch in it, and what that batch had read."""
+    checkpoint = settings.checkpoint(campaign_stats.QUERY_NAME)
+    gold = campaign_stats.TABLE.path(settings)
+    if not (Path(checkpoint) / "metadata").exists() or not delta_reader.is_delta_table(gold):
+        return GoldCut()
+    query = query_id(checkpoint)
+    version, batch = delta_reader.applied_batch(gold, query)
+    if batch is None:
+        return GoldCut(version, query)
+    # Batch ``batch`` read silver up to this version, exclusive.
+    position = read_position(checkpoint, batch)
+    return GoldCut(version, query, batch, None if position is None else max(position - 1, 0))
+
+
 def snapshot(spark: SparkSession, settings: Settings, suite: Suite, first: date | None,
-             last: date | None) -> DataFrame:
-    """The table at its latest version, or the rows of the date range."""
+             last: date | None, version: int | None = None) -> DataFrame:
+    """The table at ``version`` (default: its latest), or the rows of the date range."""
     spec = DATA_TABLES[suite.table]
-    frame = spark.read.format("delta").load(spec.path(settings))
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    frame = reader.load(spec.path(settings))
     if first is not None:
         frame = frame.where(f"{suite.date_column} BETWEEN DATE'{first}' AND DATE'{last}'")
     return frame
 
 
-def run_values(settings: Settings) -> dict[str, str]:
-    """Placeholders that depend on the moment: silver as the gold stream has read it, so
-    windows are reconciled with the events gold could have counted."""
-    position = read_position(settings.checkpoint(campaign_stats.QUERY_NAME))
-    seen = (silver.TABLE.name if position is None else
-            f"delta.`{silver.TABLE.path(settings)}` VERSION AS OF {max(position - 1, 0)}")
-    return {"silver_seen_by_gold": seen}
-
-
 def validate(spark: SparkSession, settings: Settings, tables: list[str],
-             first: date | None = None, last: date | None = None) -> ValidationRun:
-    """Validate ``tables`` (whole, or the dates ``first`` to ``last``), append the results to
-    ``quality.results`` and update Data Docs."""
+             first: date | None = None, last: date | None = None,
+             cut: GoldCut | None = None) -> ValidationRun:
+    """Validate ``tables`` (whole, or the dates ``first`` to ``last``) as of ``cut`` (default:
+    now), append the results to ``quality.results`` and update Data Docs."""
     for spec in (*DATA_TABLES.values(), *REFERENCE_TABLES.values()):
         ensure_table(spark, settings, spec)  # suites join these by name
     gx_context = context(settings)
     run = ValidationRun(uuid.uuid4().hex, datetime.now(UTC).replace(tzinfo=None), first, last,
                         [])
-    values = run_values(settings)
+    cut = cut or gold_cut(settings)
+    values = cut.values(settings)
     source = gx_context.data_sources.add_or_update_spark(DATASOURCE)
     for table in tables:
         suite = suites.load(settings, table, first, last, values)
-        frame = snapshot(spark, settings, suite, first, last).persist()
+        frame = snapshot(spark, settings, suite, first, last, cut.version_of(table)).persist()
         try:
             run.verdicts.append(_validate_table(gx_context, source, settings, suite, frame,
                                                 run))
