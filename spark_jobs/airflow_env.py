@@ -17,6 +17,12 @@ from pathlib import Path
 
 from spark_jobs.config import PROJECT_DIR, Settings
 
+# SQLite, the embedded default, has one writer at a time, and Python's driver gives up after
+# 5 s of waiting for the lock ("database is locked"). Beside the scheduler on a busy machine
+# the API server then answered a backfill's POST with 503, and the UI submitted it again
+# (issue 14: two toasts for one backfill). Its processes wait up to 30 s for the lock instead.
+SQLITE_CONNECT_ARGS = {"timeout": 30}
+
 
 def environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
@@ -25,6 +31,10 @@ def environment(settings: Settings, base: Mapping[str, str] | None = None) -> di
     env.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(PROJECT_DIR / "plugins"))
     env.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     env.setdefault("AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT", "120")
+    if env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite").startswith("sqlite"):
+        for option in ("SQL_ALCHEMY_CONNECT_ARGS", "SQL_ALCHEMY_CONNECT_ARGS_ASYNC"):
+            env.setdefault(f"AIRFLOW__DATABASE__{option}",
+                           "spark_jobs.airflow_env.SQLITE_CONNECT_ARGS")
     env.setdefault("AIRFLOW_CONN_LAKEHOUSE_SPARK",
                    json.dumps({"conn_type": "spark", "host": settings.spark_master}))
     env["LAKEHOUSE_ROOT"] = str(settings.root)

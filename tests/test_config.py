@@ -1,9 +1,13 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from spark_jobs import config
+from spark_jobs.airflow_env import environment
 from spark_jobs.config import ConfigError
+from tests.conftest import cli_env
 
 
 def test_defaults_come_from_the_checked_in_file(tmp_path: Path) -> None:
@@ -52,3 +56,19 @@ def test_bad_values_are_refused_with_a_clear_message(env: dict[str, str], messag
 def test_intervals(text: str, seconds: float, spark_form: str) -> None:
     assert config.interval_seconds(text) == seconds
     assert config.spark_interval(text) == spark_form
+
+
+def test_airflow_on_sqlite_waits_for_the_database_lock(tmp_path: Path) -> None:
+    """Airflow's own engine, as its processes build it, waits 30 s for SQLite's lock (not
+    the driver's 5 s, after which the API server answered 503)."""
+    settings = config.load({"root": tmp_path / "lake"}, environ={})
+    probe = ("from airflow import settings; "
+             "print(settings.engine.connect().exec_driver_sql('PRAGMA busy_timeout').scalar())")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=environment(settings, cli_env()), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "30000"
+    # PostgreSQL takes other connection arguments: none are set for it.
+    postgres = environment(settings, {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN":
+                                      "postgresql+psycopg2://airflow@db/airflow"})
+    assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS" not in postgres
