@@ -168,6 +168,9 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     expected_file = None
     if args.expected is not None:
         expected_file = Path(args.expected) if args.expected else settings.expected_counts_file
+        if not expected_file.resolve().is_relative_to(settings.root.resolve()):
+            raise UsageError(f"--expected {args.expected} is outside the root {settings.root}: "
+                             "name a file inside it")
         if not expected_file.exists():
             raise UsageError(f"no expected counts at {expected_file}: run lakehouse generate")
     spark = build_spark(settings, app_name="lakehouse-audit")

@@ -64,6 +64,7 @@ class Settings:
     kafka_bootstrap_servers: str
     kafka_topic: str
     spark_master: str
+    spark_driver_host: str
     shuffle_partitions: int
     jars_dir: Path
     trigger_interval: str

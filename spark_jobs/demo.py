@@ -1,7 +1,8 @@
 """``lakehouse demo`` (``make run``): the whole lakehouse on one laptop, under real Airflow.
 
 Starts ``airflow standalone`` (API server and UI, scheduler, DAG processor, triggerer; the
-embedded SQLite database; authentication on) with the four DAGs unpaused, and a continuous
+embedded SQLite database; authentication on; every port on loopback, see
+``airflow_standalone``) with the four DAGs unpaused, and a continuous
 feed of messy ad events into the landing zone. The ``lakehouse_streaming`` DAG submits the
 streams; gold rows follow within minutes. ``Ctrl-C`` (or SIGTERM) stops everything
 cleanly: the feed, then the streams at a batch boundary (the streaming DAG is paused first
@@ -22,6 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from spark_jobs import airflow_standalone
 from spark_jobs.airflow_env import environment
 from spark_jobs.config import Settings
 
@@ -45,6 +47,8 @@ def airflow_environment(settings: Settings, port: int) -> dict[str, str]:
     # Loopback unless the user exposes it deliberately (README, "Security").
     env.setdefault("AIRFLOW__API__HOST", LOOPBACK)
     env.setdefault("AIRFLOW__API__BASE_URL", f"http://localhost:{port}")
+    # Its task log servers listen on loopback, where the API server asks for them.
+    env.setdefault("AIRFLOW__CORE__HOSTNAME_CALLABLE", airflow_standalone.HOSTNAME_CALLABLE)
     # The demo's executor runs the streaming driver and the periodic jobs side by side.
     env.setdefault("AIRFLOW__CORE__PARALLELISM", "8")
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
@@ -92,7 +96,7 @@ def run(settings: Settings, options: DemoOptions) -> int:
     log_dir = settings.root / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     # Their own process groups: Ctrl-C reaches this supervisor only, which stops them in order.
-    airflow = subprocess.Popen([_bin("airflow"), "standalone"], env=env,
+    airflow = subprocess.Popen([sys.executable, "-m", airflow_standalone.MODULE], env=env,
                                stdout=(log_dir / "airflow-standalone.log").open("ab"),
                                stderr=subprocess.STDOUT, start_new_session=True)
     feed = subprocess.Popen([_bin("lakehouse"), "generate", "--root", str(settings.root),

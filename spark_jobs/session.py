@@ -33,6 +33,10 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # Progress goes to the project's own table; the UI would only cost a port and memory.
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
+        # The driver's ports bind where configured (loopback by default), not to whatever
+        # address the machine's name resolves to.
+        "spark.driver.host": settings.spark_driver_host,
+        "spark.driver.bindAddress": settings.spark_driver_host,
         # Small local tables: Delta's default of 50 snapshot partitions is pure overhead.
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.warehouse.dir": str(settings.root / "warehouse"),

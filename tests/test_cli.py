@@ -21,6 +21,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     # --late may follow a range (the nightly run does both), not a quarantine replay.
     (("reprocess", "--quarantine", "--late"), "give one of"),
     (("reprocess", "--from", "2026-11-02", "--to", "2026-11-01", "--late"), "after"),
+    # A path argument cannot leave the root, however it is spelled.
+    (("audit", "--expected", "/etc/passwd"), "is outside the root"),
+    (("audit", "--expected", "../../etc/passwd"), "is outside the root"),
 ])
 def test_bad_arguments_get_one_line_and_a_non_zero_exit(tmp_path: Path, args: tuple[str, ...],
                                                          message: str) -> None:

@@ -17,6 +17,7 @@ def test_defaults_come_from_the_checked_in_file(tmp_path: Path) -> None:
     assert settings.watermark_delay == "10 minutes"
     assert settings.derive_missing_event_id is False
     assert settings.root == Path("data").resolve()
+    assert settings.spark_driver_host == "127.0.0.1"  # the driver's ports on loopback
 
 
 def test_environment_overrides_file_and_flags_override_environment(tmp_path: Path) -> None:

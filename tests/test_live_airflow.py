@@ -7,8 +7,10 @@ and check that no record was lost or doubled."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -40,6 +42,8 @@ class Live:
     api: httpx.Client
     base: str
     password: str
+    planted: tuple[str, ...]  # secrets in the demo's environment, never to be written
+    log_server_ports: tuple[int, int]  # the scheduler's and the triggerer's
 
     def call(self, method: str, path: str, **arguments: object) -> httpx.Response:
         """One API call; a 5xx is retried, since SQLite (the embedded default) reports
@@ -106,11 +110,18 @@ def live(tmp_path_factory) -> Iterator[Live]:
     root = tmp_path_factory.mktemp("live") / "lake"
     port = free_port()
     demo_log = root.parent / "demo.log"
+    # Planted secrets (issue 16): the password of the Spark connection every Spark task
+    # loads, and an object-store key in the environment of every process.
+    planted = (f"planted-conn-{secrets.token_hex(8)}", f"planted-env-{secrets.token_hex(8)}")
+    spark_connection = {"conn_type": "spark", "host": "local[*]", "password": planted[0]}
+    log_server_ports = (free_port(), free_port())
     demo = subprocess.Popen(
         lakehouse_command("demo", "--root", str(root), "--port", str(port), "--rate", "10"),
         # Ports of the log servers, free on a machine running another Airflow.
-        env=cli_env(AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
-                    AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port())),
+        env=cli_env(AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(log_server_ports[0]),
+                    AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(log_server_ports[1]),
+                    AIRFLOW_CONN_LAKEHOUSE_SPARK=json.dumps(spark_connection),
+                    AWS_SECRET_ACCESS_KEY=planted[1]),
         # A file, not a pipe nobody reads while the module runs (a full pipe blocks the demo).
         stdout=demo_log.open("ab"), stderr=subprocess.STDOUT)
     try:
@@ -123,7 +134,7 @@ def live(tmp_path_factory) -> Iterator[Live]:
         assert token.status_code == 201, token.text
         api = httpx.Client(base_url=base, timeout=60, headers={
             "Authorization": f"Bearer {token.json()['access_token']}"})
-        yield Live(root, demo, api, base, passwords["admin"])
+        yield Live(root, demo, api, base, passwords["admin"], planted, log_server_ports)
     finally:
         stop_tree(demo)
 
@@ -159,18 +170,26 @@ def set_paused(live: Live, dag_id: str, paused: bool) -> None:
     assert changed.status_code == 200 and changed.json()["is_paused"] is paused, changed.text
 
 
-def test_airflow_listens_on_loopback_only(live) -> None:
-    port = live.api.base_url.port
-    listening = {c.laddr.ip for c in psutil.net_connections("inet")
-                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
-    assert listening == {"127.0.0.1"}, listening
-
-
 def test_gold_rows_and_the_stream_health_page_within_minutes(live) -> None:
     wait_for(lambda: gold_rows(live.root) > 0, "no gold rows", timeout=300)
     page = live.call("GET", "/lakehouse/health")
     assert page.status_code == 200
     assert "gold_campaign_stats" in page.text and "silver_ad_events" in page.text
+
+
+def test_every_port_of_the_run_listens_on_loopback_only(live) -> None:
+    """The API server, the task log servers and the streaming Spark driver (running now that
+    gold has rows): every process `make run` started."""
+    tree = {live.demo.pid, *(p.pid for p in psutil.Process(live.demo.pid).children(True))}
+    listening = {(c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name())
+                 for c in psutil.net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN and c.pid in tree}
+    ports = {port for _, port, _ in listening}
+    assert {live.api.base_url.port, *live.log_server_ports} <= ports, listening
+    assert "java" in {name for _, _, name in listening}, listening
+    exposed = {entry for entry in listening
+               if not ipaddress.ip_address(entry[0].removeprefix("::ffff:")).is_loopback}
+    assert not exposed, exposed
 
 
 def test_the_plugin_pages_need_the_airflow_login(live) -> None:
@@ -285,3 +304,20 @@ def test_ctrl_c_stops_everything_and_nothing_is_lost(live) -> None:
     checked = run_lakehouse("validate", "--root", str(live.root), "--no-report", "--tables",
                             "silver.ad_events,gold.campaign_stats", timeout=600)
     assert checked.returncode == 0, checked.stdout[-3000:]
+
+
+def test_no_planted_secret_in_any_log_table_or_report(live) -> None:
+    """After the whole run (every DAG, the Ctrl-C and the catch-up), neither planted secret
+    is in any file of the run (Airflow's task and component logs, its database, Spark's
+    output, reports, checkpoints) nor in any row of any table."""
+    files = [path for path in live.root.parent.rglob("*") if path.is_file()]
+    leaked = [str(path) for path in files
+              if any(secret.encode() in path.read_bytes() for secret in live.planted)]
+    assert not leaked
+    tables = [log.parent for log in live.root.rglob("_delta_log")]
+    for table in tables:
+        rows = json.dumps(delta_reader.read_arrow(table).to_pylist(), default=str)
+        assert not any(secret in rows for secret in live.planted), table
+    # The search covered where a leak would be: Spark tasks' logs and the tables.
+    assert any("dag_id=lakehouse_reprocess" in str(path) for path in files)
+    assert {"bronze", "silver", "gold", "ops"} <= {table.parent.name for table in tables}
