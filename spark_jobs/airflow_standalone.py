@@ -29,6 +29,15 @@ def loopback_hostname() -> str:
     return LOOPBACK
 
 
+def _airflow(airflow_args: list[str]) -> None:
+    """The ``airflow`` command itself (which also writes the configuration, with its
+    generated secrets, once, before the components start and read it)."""
+    from airflow.__main__ import main
+
+    sys.argv = ["airflow", *airflow_args]
+    main()
+
+
 def component(airflow_args: list[str]) -> None:
     """``airflow <airflow_args>``, its log server (a forked process) bound to loopback."""
     from airflow.utils.serve_logs import core
@@ -40,10 +49,7 @@ def component(airflow_args: list[str]) -> None:
 
     # Only the log server's uvicorn: the API server binds where AIRFLOW__API__HOST says.
     core.uvicorn = SimpleNamespace(run=on_loopback)
-    from airflow.__main__ import main
-
-    sys.argv = ["airflow", *airflow_args]
-    main()
+    _airflow(airflow_args)
 
 
 def standalone() -> None:
@@ -60,7 +66,7 @@ def standalone() -> None:
                 self.parent.output_queue.append((self.name, line))
 
     standalone_command.SubCommand = Component
-    standalone_command.StandaloneCommand.entrypoint(None)
+    _airflow(["standalone"])
 
 
 if __name__ == "__main__":
