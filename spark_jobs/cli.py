@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_jobs import config
 from spark_jobs.config import ConfigError, Settings, interval_seconds, parse_choices
+from spark_jobs.demo import DEMO_TRIGGER
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -158,7 +159,9 @@ def cmd_airflow(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs import demo
 
-    return demo.run(settings, demo.DemoOptions(port=args.port, rate=args.rate))
+    config.interval_seconds(args.trigger)  # a bad --trigger fails before Airflow starts
+    return demo.run(settings, demo.DemoOptions(port=args.port, rate=args.rate,
+                                               trigger=args.trigger))
 
 
 def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
@@ -441,6 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8080, help="Airflow UI port (default 8080)")
     demo.add_argument("--rate", type=positive_number, default=20.0,
                       help="events per second of the demo feed (default 20)")
+    demo.add_argument("--trigger", default=DEMO_TRIGGER,
+                      help=f"micro-batch interval of the streams (default {DEMO_TRIGGER}: a "
+                           "micro-batch costs seconds whatever its size, and back-to-back "
+                           "batches would leave Airflow's own jobs no core on a laptop)")
 
     audit = verb("audit", cmd_audit,
                  "account for every bronze record: silver, quarantine or duplicate")

@@ -31,22 +31,30 @@ DAGS = ("lakehouse_streaming", "lakehouse_quality", "lakehouse_maintenance",
         "lakehouse_reprocess")
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
 LOOPBACK = "127.0.0.1"
+# The streams' micro-batch interval under the demo. Each micro-batch of a layer costs a few
+# seconds whatever its size (Delta commits and MERGEs; README, "Where the time goes"), so
+# with 5 s the five streams ran batches back to back and took both cores of a laptop from
+# the reprocess and validation jobs beside them.
+DEMO_TRIGGER = "20 seconds"
 
 
 @dataclass(frozen=True)
 class DemoOptions:
     port: int = 8080
     rate: float = 20.0  # events per second of the demo feed
+    trigger: str = DEMO_TRIGGER
     startup_timeout: float = 300.0
 
 
-def airflow_environment(settings: Settings, port: int) -> dict[str, str]:
+def airflow_environment(settings: Settings, options: DemoOptions) -> dict[str, str]:
     env = environment(settings)
+    # The streaming DAG's driver reads its trigger from the environment Airflow passes on.
+    env["LAKEHOUSE_TRIGGER_INTERVAL"] = options.trigger
     env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "False"
-    env.setdefault("AIRFLOW__API__PORT", str(port))
+    env.setdefault("AIRFLOW__API__PORT", str(options.port))
     # Loopback unless the user exposes it deliberately (README, "Security").
     env.setdefault("AIRFLOW__API__HOST", LOOPBACK)
-    env.setdefault("AIRFLOW__API__BASE_URL", f"http://localhost:{port}")
+    env.setdefault("AIRFLOW__API__BASE_URL", f"http://localhost:{options.port}")
     # Its task log servers listen on loopback, where the API server asks for them.
     env.setdefault("AIRFLOW__CORE__HOSTNAME_CALLABLE", airflow_standalone.HOSTNAME_CALLABLE)
     # The demo's executor runs the streaming driver and the periodic jobs side by side.
@@ -88,7 +96,7 @@ def wait_until_healthy(host: str, port: int, timeout: float,
 
 
 def run(settings: Settings, options: DemoOptions) -> int:
-    env = airflow_environment(settings, options.port)
+    env = airflow_environment(settings, options)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

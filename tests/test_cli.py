@@ -24,6 +24,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     # A path argument cannot leave the root, however it is spelled.
     (("audit", "--expected", "/etc/passwd"), "is outside the root"),
     (("audit", "--expected", "../../etc/passwd"), "is outside the root"),
+    (("demo", "--trigger", "soon"), "not an interval"),  # before Airflow starts
 ])
 def test_bad_arguments_get_one_line_and_a_non_zero_exit(tmp_path: Path, args: tuple[str, ...],
                                                          message: str) -> None:
