@@ -26,12 +26,16 @@ SQLITE_CONNECT_ARGS = {"timeout": 30}
 
 def environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    # The embedded SQLite database: the Airflow home is the project's, and no variable names
+    # another database (a user's own home may have PostgreSQL in its airflow.cfg).
+    embedded = "AIRFLOW_HOME" not in env and not any(
+        key.startswith("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") for key in env)
     env.setdefault("AIRFLOW_HOME", str(settings.root / "airflow"))
     env.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(PROJECT_DIR / "dags"))
     env.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(PROJECT_DIR / "plugins"))
     env.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     env.setdefault("AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT", "120")
-    if env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite").startswith("sqlite"):
+    if embedded:
         for option in ("SQL_ALCHEMY_CONNECT_ARGS", "SQL_ALCHEMY_CONNECT_ARGS_ASYNC"):
             env.setdefault(f"AIRFLOW__DATABASE__{option}",
                            "spark_jobs.airflow_env.SQLITE_CONNECT_ARGS")

@@ -39,7 +39,12 @@ def _airflow(airflow_args: list[str]) -> None:
 
 
 def component(airflow_args: list[str]) -> None:
-    """``airflow <airflow_args>``, its log server (a forked process) bound to loopback."""
+    """``airflow <airflow_args>``, its log server (a child process) bound to loopback."""
+    _bind_log_server_to_loopback()
+    _airflow(airflow_args)
+
+
+def _bind_log_server_to_loopback() -> None:
     from airflow.utils.serve_logs import core
 
     serve = core.uvicorn.run
@@ -49,7 +54,6 @@ def component(airflow_args: list[str]) -> None:
 
     # Only the log server's uvicorn: the API server binds where AIRFLOW__API__HOST says.
     core.uvicorn = SimpleNamespace(run=on_loopback)
-    _airflow(airflow_args)
 
 
 def standalone() -> None:
@@ -69,7 +73,11 @@ def standalone() -> None:
     _airflow(["standalone"])
 
 
-if __name__ == "__main__":
+if __name__ == "__mp_main__":
+    # A component's log server started with the spawn method (macOS) imports this module
+    # afresh under this name instead of inheriting the patched one: patch it here too.
+    _bind_log_server_to_loopback()
+elif __name__ == "__main__":
     if sys.argv[1:2] == ["component"]:
         component(sys.argv[2:])
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
@@ -159,9 +160,11 @@ def cmd_airflow(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs import demo
 
-    config.interval_seconds(args.trigger)  # a bad --trigger fails before Airflow starts
+    # A trigger configured in the environment stays the streams' unless --trigger is given.
+    trigger = args.trigger or os.environ.get("LAKEHOUSE_TRIGGER_INTERVAL") or DEMO_TRIGGER
+    config.interval_seconds(trigger)  # a bad trigger fails before Airflow starts
     return demo.run(settings, demo.DemoOptions(port=args.port, rate=args.rate,
-                                               trigger=args.trigger))
+                                               trigger=trigger))
 
 
 def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
@@ -444,8 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8080, help="Airflow UI port (default 8080)")
     demo.add_argument("--rate", type=positive_number, default=20.0,
                       help="events per second of the demo feed (default 20)")
-    demo.add_argument("--trigger", default=DEMO_TRIGGER,
-                      help=f"micro-batch interval of the streams (default {DEMO_TRIGGER}: a "
+    demo.add_argument("--trigger",
+                      help=f"micro-batch interval of the streams (default: "
+                           f"LAKEHOUSE_TRIGGER_INTERVAL if set, else {DEMO_TRIGGER}: a "
                            "micro-batch costs seconds whatever its size, and back-to-back "
                            "batches would leave Airflow's own jobs no core on a laptop)")
 

@@ -48,5 +48,11 @@ def applied_batch(path: str | Path, app_id: str) -> tuple[int, int | None]:
     return table.version(), table.transaction_version(app_id)
 
 
+def latest_version(path: str | Path) -> int:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(path)).version()
+
+
 def _quoted(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'

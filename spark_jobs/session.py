@@ -11,6 +11,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+LOOPBACK = "127.0.0.1"
+
+
 def spark_conf(settings: Settings) -> dict[str, str]:
     """Every Spark setting of the project, in one place (also used for ``spark-submit``)."""
     jars = sorted(settings.jars_dir.glob("*.jar"))
@@ -33,15 +36,19 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # Progress goes to the project's own table; the UI would only cost a port and memory.
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        # The driver's ports bind where configured (loopback by default), not to whatever
-        # address the machine's name resolves to.
-        "spark.driver.host": settings.spark_driver_host,
-        "spark.driver.bindAddress": settings.spark_driver_host,
         # Small local tables: Delta's default of 50 snapshot partitions is pure overhead.
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.warehouse.dir": str(settings.root / "warehouse"),
         "spark.driver.memory": "2g",
-    }
+    } | _driver_address(settings)
+
+
+def _driver_address(settings: Settings) -> dict[str, str]:
+    """Where the driver's ports bind: not to whatever address the machine's name resolves
+    to when nothing outside this machine needs to reach them."""
+    host = settings.spark_driver_host or (
+        LOOPBACK if settings.spark_master.startswith("local") else "")
+    return {"spark.driver.host": host, "spark.driver.bindAddress": host} if host else {}
 
 
 def build_spark(settings: Settings, app_name: str = "lakehouse") -> SparkSession:

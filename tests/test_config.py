@@ -7,6 +7,7 @@ import pytest
 from spark_jobs import config
 from spark_jobs.airflow_env import environment
 from spark_jobs.config import ConfigError
+from spark_jobs.session import spark_conf
 from tests.conftest import cli_env
 
 
@@ -17,7 +18,9 @@ def test_defaults_come_from_the_checked_in_file(tmp_path: Path) -> None:
     assert settings.watermark_delay == "10 minutes"
     assert settings.derive_missing_event_id is False
     assert settings.root == Path("data").resolve()
-    assert settings.spark_driver_host == "127.0.0.1"  # the driver's ports on loopback
+    # The driver's ports on loopback with a local master; reachable by a cluster's executors.
+    assert spark_conf(settings)["spark.driver.bindAddress"] == "127.0.0.1"
+    assert "spark.driver.host" not in spark_conf(settings.replace(spark_master="spark://m:7077"))
 
 
 def test_environment_overrides_file_and_flags_override_environment(tmp_path: Path) -> None:
@@ -69,7 +72,9 @@ def test_airflow_on_sqlite_waits_for_the_database_lock(tmp_path: Path) -> None:
                           env=environment(settings, cli_env()), timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "30000"
-    # PostgreSQL takes other connection arguments: none are set for it.
-    postgres = environment(settings, {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN":
-                                      "postgresql+psycopg2://airflow@db/airflow"})
-    assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS" not in postgres
+    # PostgreSQL takes other connection arguments: none are set for it, nor for a user's
+    # own Airflow home, whose airflow.cfg may name it.
+    for users in ({"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://airflow@db/airflow"},
+                  {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD": "cat /run/secrets/airflow-db"},
+                  {"AIRFLOW_HOME": str(tmp_path / "users-airflow")}):
+        assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS" not in environment(settings, users)

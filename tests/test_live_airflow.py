@@ -16,6 +16,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -180,10 +181,13 @@ def test_gold_rows_and_the_stream_health_page_within_minutes(live) -> None:
 def test_every_port_of_the_run_listens_on_loopback_only(live) -> None:
     """The API server, the task log servers and the streaming Spark driver (running now that
     gold has rows): every process `make run` started."""
-    tree = {live.demo.pid, *(p.pid for p in psutil.Process(live.demo.pid).children(True))}
-    listening = {(c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name())
-                 for c in psutil.net_connections("inet")
-                 if c.status == psutil.CONN_LISTEN and c.pid in tree}
+    tree = {p.pid: p for p in psutil.Process(live.demo.pid).children(recursive=True)}
+    listening = set()
+    for connection in psutil.net_connections("inet"):
+        if connection.status == psutil.CONN_LISTEN and connection.pid in tree:
+            with suppress(psutil.NoSuchProcess):  # a short task may have ended meanwhile
+                listening.add((connection.laddr.ip, connection.laddr.port,
+                               tree[connection.pid].name()))
     ports = {port for _, port, _ in listening}
     assert {live.api.base_url.port, *live.log_server_ports} <= ports, listening
     assert "java" in {name for _, _, name in listening}, listening
@@ -253,8 +257,9 @@ def test_a_two_day_backfill_from_the_ui_dialog_rebuilds_exactly_its_days(live,
         # The demo triggered a first validation once gold had rows; it waited while the
         # quality DAG was paused (the first test pauses it), and runs now, beside the live
         # streams: every critical expectation holds while they write.
-        [first_validation] = [r["dag_run_id"] for r in live.runs("lakehouse_quality")
-                              if r["run_type"] == "manual"]
+        first_validation = min((r for r in live.runs("lakehouse_quality")
+                                if r["run_type"] == "manual"),
+                               key=lambda r: r["run_after"])["dag_run_id"]
         set_paused(live, "lakehouse_quality", False)
         try:
             live.wait_for_runs("lakehouse_quality", {first_validation}, timeout=600)

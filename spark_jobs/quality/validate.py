@@ -23,6 +23,7 @@ from spark_jobs.config import Settings
 from spark_jobs.datasets import DATA_TABLES, REFERENCE_TABLES
 from spark_jobs.delta_writes import query_id, read_position
 from spark_jobs.gold import campaign_stats
+from spark_jobs.ops import late_data
 from spark_jobs.quality import results, suites
 from spark_jobs.quality.results import Result
 from spark_jobs.quality.suites import CRITICAL, WARNING, Suite
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 DATASOURCE = "lakehouse"
 DOCS_SITE = "local_site"
 OBSERVED_LIMIT = 2000  # characters of observed values or sample rows kept per result
+CUT_ATTEMPTS = 5  # gold commits every few seconds at most: a quiet moment comes quickly
 
 
 @dataclass
@@ -111,7 +113,9 @@ class GoldCut:
     watermark, while the validation reads silver, gold and those two tables one after the
     other. So gold is read at ``gold_version``, which holds the stream's batches up to
     ``batch_id``; the ledger and the watermarks without the later batches of ``query_id``;
-    and silver at ``silver_version``, as those batches had read it. Without a gold stream
+    and silver at ``silver_version``, as those batches had read it. A reprocess marks ledger
+    entries repaired after it has replaced their gold rows, so the ledger is read at
+    ``ledger_version``, taken while gold stayed at ``gold_version``. Without a gold stream
     every table is read at its latest version.
     """
 
@@ -119,6 +123,7 @@ class GoldCut:
     query_id: str | None = None
     batch_id: int | None = None
     silver_version: int | None = None
+    ledger_version: int | None = None
 
     def version_of(self, table: str) -> int | None:
         return self.gold_version if table == campaign_stats.TABLE.name else None
@@ -132,7 +137,9 @@ class GoldCut:
         else:
             later = -1 if self.batch_id is None else self.batch_id
             in_cut = f"NOT (query_id = '{self.query_id}' AND batch_id > {later})"
-        return {"silver_seen_by_gold": seen, "in_gold_cut": in_cut}
+        ledger = (late_data.TABLE.name if self.ledger_version is None else
+                  f"delta.`{late_data.TABLE.path(settings)}` VERSION AS OF {self.ledger_version}")
+        return {"silver_seen_by_gold": seen, "in_gold_cut": in_cut, "late_data_in_cut": ledger}
 
 
 def gold_cut(settings: Settings) -> GoldCut:
@@ -141,13 +148,20 @@ def gold_cut(settings: Settings) -> GoldCut:
     gold = campaign_stats.TABLE.path(settings)
     if not (Path(checkpoint) / "metadata").exists() or not delta_reader.is_delta_table(gold):
         return GoldCut()
-    query = query_id(checkpoint)
-    version, batch = delta_reader.applied_batch(gold, query)
+    query = str(uuid.UUID(query_id(checkpoint)))  # Spark's id, checked before it enters SQL
+    ledger_path = late_data.TABLE.path(settings)
+    for _ in range(CUT_ATTEMPTS):  # a ledger version read while gold did not move
+        version, batch = delta_reader.applied_batch(gold, query)
+        ledger = (delta_reader.latest_version(ledger_path)
+                  if delta_reader.is_delta_table(ledger_path) else None)
+        if delta_reader.latest_version(gold) == version:
+            break
     if batch is None:
-        return GoldCut(version, query)
+        return GoldCut(version, query, ledger_version=ledger)
     # Batch ``batch`` read silver up to this version, exclusive.
     position = read_position(checkpoint, batch)
-    return GoldCut(version, query, batch, None if position is None else max(position - 1, 0))
+    return GoldCut(version, query, batch, None if position is None else max(position - 1, 0),
+                   ledger)
 
 
 def snapshot(spark: SparkSession, settings: Settings, suite: Suite, first: date | None,
