@@ -19,8 +19,9 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
+from spark_jobs.config import LOOPBACK
+
 MODULE = "spark_jobs.airflow_standalone"  # also when run as __main__
-LOOPBACK = "127.0.0.1"
 HOSTNAME_CALLABLE = f"{MODULE}.loopback_hostname"
 
 

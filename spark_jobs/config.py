@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
+# Where every server the project starts listens unless configured otherwise.
+LOOPBACK = "127.0.0.1"
 SOURCES = ("files", "kafka")
 STREAMING_MODES = ("continuous", "scheduled")
 _INTERVAL = re.compile(r"^\s*(\d+)\s*(ms|millisecond|second|minute|hour|day|s|m|h|d)s?\s*$")

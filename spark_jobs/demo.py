@@ -25,12 +25,11 @@ from pathlib import Path
 
 from spark_jobs import airflow_standalone
 from spark_jobs.airflow_env import environment
-from spark_jobs.config import Settings
+from spark_jobs.config import LOOPBACK, Settings
 
 DAGS = ("lakehouse_streaming", "lakehouse_quality", "lakehouse_maintenance",
         "lakehouse_reprocess")
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
-LOOPBACK = "127.0.0.1"
 # The streams' micro-batch interval under the demo. Each micro-batch of a layer costs a few
 # seconds whatever its size (Delta commits and MERGEs; README, "Where the time goes"), so
 # with 5 s the five streams ran batches back to back and took both cores of a laptop from

@@ -5,13 +5,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from spark_jobs.config import ConfigError, Settings
+from spark_jobs.config import LOOPBACK, ConfigError, Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-
-LOOPBACK = "127.0.0.1"
 
 
 def spark_conf(settings: Settings) -> dict[str, str]:

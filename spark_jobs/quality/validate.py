@@ -28,7 +28,7 @@ from spark_jobs.quality import results, suites
 from spark_jobs.quality.results import Result
 from spark_jobs.quality.suites import CRITICAL, WARNING, Suite
 from spark_jobs.silver import ad_events as silver
-from spark_jobs.tables import ensure_table, local_rows
+from spark_jobs.tables import TableSpec, ensure_table, local_rows
 
 if TYPE_CHECKING:
     from great_expectations.data_context import AbstractDataContext
@@ -130,16 +130,21 @@ class GoldCut:
 
     def values(self, settings: Settings) -> dict[str, str]:
         """The suites' placeholders that depend on the moment."""
-        seen = (silver.TABLE.name if self.silver_version is None else
-                f"delta.`{silver.TABLE.path(settings)}` VERSION AS OF {self.silver_version}")
+        seen = _as_of(silver.TABLE, settings, self.silver_version)
         if self.query_id is None:
             in_cut = "TRUE"
         else:
             later = -1 if self.batch_id is None else self.batch_id
             in_cut = f"NOT (query_id = '{self.query_id}' AND batch_id > {later})"
-        ledger = (late_data.TABLE.name if self.ledger_version is None else
-                  f"delta.`{late_data.TABLE.path(settings)}` VERSION AS OF {self.ledger_version}")
+        ledger = _as_of(late_data.TABLE, settings, self.ledger_version)
         return {"silver_seen_by_gold": seen, "in_gold_cut": in_cut, "late_data_in_cut": ledger}
+
+
+def _as_of(spec: TableSpec, settings: Settings, version: int | None) -> str:
+    """The table in SQL: by name at its latest version, or by path at ``version``."""
+    if version is None:
+        return spec.name
+    return f"delta.`{spec.path(settings)}` VERSION AS OF {version}"
 
 
 def gold_cut(settings: Settings) -> GoldCut:
