@@ -116,6 +116,17 @@ def test_late_within_the_watermark_updates_its_window_beyond_it_goes_to_the_ledg
                                               "repaired": False}]
 
 
+def test_a_batch_with_nothing_late_adds_no_ledger_commit(spark, settings) -> None:
+    stream_batches(spark, settings, [
+        [("a", at(0), "view", "ad-1")],
+        [("b", at(30), "view", "ad-1")],  # watermark 12:20 from now on
+        [("c", at(31), "view", "ad-1")],  # on time: nothing late in batches 1 and 2
+    ])
+    # Only the table's creation: a commit per batch would cost each batch a Delta write.
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{late_data.TABLE.path(settings)}`")
+    assert [r.operation for r in history.collect()] == ["CREATE TABLE"]
+
+
 def test_late_inside_the_watermark_upserts_the_same_row(spark, settings) -> None:
     stream_batches(spark, settings, [
         [("a", at(5), "view", "ad-1")],
