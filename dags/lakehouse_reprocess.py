@@ -20,6 +20,8 @@ Rebuilds event dates of silver and gold from bronze with `lakehouse reprocess`
 scheduled and backfill runs is also the *logical date* the grid's tooltip shows. A manual
 run triggered at a given logical date rebuilds the day before it (the last complete day),
 or `from`..`to` when given; one triggered without a logical date, the day before it ran.
+A backfill rebuilds `reprocess_parallel_days` of its days at once (2 on the embedded
+default; the setting is the DAG's `max_active_runs`); the other days wait their turn.
 The task *rebuild the run's day (or from..to)* states the exact range: its *Rendered
 Templates* tab shows `--from … --to …`, and its log the submitted command. (A task cannot
 write the run's note in Airflow 3: the Task SDK has no call for it; add a note when
@@ -36,6 +38,7 @@ from airflow.sdk import Param, dag
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from lakehouse_airflow.jobs import assets, is_true, lakehouse_job
+from spark_jobs import config
 
 REBUILDS = ("silver.ad_events", "gold.campaign_stats", "gold.ad_attribution")
 
@@ -72,7 +75,7 @@ def optional_date(description: str) -> Param:
     schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
     start_date=datetime(2026, 1, 1),
     catchup=False,
-    max_active_runs=4,
+    max_active_runs=config.load().reprocess_parallel_days,
     tags=["lakehouse", "reprocessing"],
     doc_md=__doc__,
     default_args={"retries": 1, "retry_delay": timedelta(minutes=2)},

@@ -86,6 +86,7 @@ class Settings:
     quality_source_quiet_after: str
     quality_silver_max_lag: str
     quality_report_days: int
+    reprocess_parallel_days: int
 
     # Layout of the root: one place, so every job and test agrees on it.
     @property
@@ -178,7 +179,7 @@ def _validated(values: dict[str, Any]) -> Settings:
         raise ConfigError(f"streaming_mode must be one of {', '.join(STREAMING_MODES)}, "
                           f"not {values['streaming_mode']!r}")
     for key in ("shuffle_partitions", "max_files_per_trigger", "stall_trigger_intervals",
-                "quality_report_days"):
+                "quality_report_days", "reprocess_parallel_days"):
         if values[key] < 1:
             raise ConfigError(f"{key} must be at least 1, not {values[key]}")
     for key in ("trigger_interval", "future_tolerance", "watermark_delay",

@@ -32,6 +32,7 @@ print(json.dumps({
                                         "matplotlib", "deltalake") if m in sys.modules),
     "dags": {dag_id: {
         "tags": sorted(dag.tags), "doc_md": bool(dag.doc_md), "catchup": dag.catchup,
+        "max_active_runs": dag.max_active_runs,
         "tasks": {task.task_id: {"retries": task.retries,
                                  "timeout": bool(task.execution_timeout)}
                   for task in dag.tasks}}
@@ -76,6 +77,16 @@ def test_every_dag_parses_with_retries_timeouts_tags_and_docs(tmp_path, mode) ->
     # Continuous mode is supervised by the health sensor; scheduled mode needs none.
     assert streaming_tasks == ({"run_streams", "watch_health"} if mode == "continuous"
                                else {"run_streams"})
+    # One streaming driver, one validation and one maintenance at a time; a backfill
+    # rebuilds reprocess_parallel_days days at once (2 on the embedded default).
+    assert {dag_id: dag["max_active_runs"] for dag_id, dag in report["dags"].items()} == {
+        "lakehouse_streaming": 1, "lakehouse_quality": 1, "lakehouse_maintenance": 1,
+        "lakehouse_reprocess": 2}
+
+
+def test_how_many_backfill_days_rebuild_at_once_is_configuration(tmp_path) -> None:
+    report = dagbag_report(tmp_path / "lake", LAKEHOUSE_REPROCESS_PARALLEL_DAYS="6")
+    assert report["dags"]["lakehouse_reprocess"]["max_active_runs"] == 6
 
 
 @pytest.fixture(scope="module")
