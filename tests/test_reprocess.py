@@ -4,14 +4,16 @@ and a second run changes nothing."""
 import hashlib
 import json
 from collections import Counter
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
 
 from spark_jobs import reasons, streaming
 from spark_jobs.audit import account
+from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.generator import write_atomically
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import gold_rebuilds, late_data
@@ -25,6 +27,7 @@ from spark_jobs.reprocess import (
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules
+from spark_jobs.tables import ensure_table
 from tests.conftest import make_settings
 from tests.processes import run_lakehouse
 
@@ -180,6 +183,50 @@ def test_a_live_gold_stream_does_not_count_again_what_a_rebuild_counted(spark, s
         "ad_id string")
     kept = gold_rebuilds.not_yet_counted(spark, settings, silver_path, batch)
     assert [r.event_id for r in kept.collect()] == ["v9"]
+
+
+def land_in_bronze(spark, settings, deliveries: list[tuple[str, dict, datetime]]) -> None:
+    """(bronze_id, record, ingested_at) as bronze rows, each in its ingest date."""
+    rows = [(bronze_id, json.dumps(record), "file", "f.jsonl", line, None, None, None,
+             ingested_at, ingested_at.date())
+            for line, (bronze_id, record, ingested_at) in enumerate(deliveries, start=1)]
+    ensure_table(spark, settings, bronze.TABLE)
+    (spark.createDataFrame(rows, bronze.SCHEMA).write.format("delta").mode("append")
+     .save(bronze.TABLE.path(settings)))
+
+
+def test_a_rebuild_does_not_read_bronze_ingested_before_its_days_could_arrive(spark, tmp_path
+                                                                              ) -> None:
+    settings = make_settings(tmp_path / "lake")
+    land_in_bronze(spark, settings, [
+        ("old", event("o1", at(DAY_1, 12, 0), "view", "ad-1"), datetime(2026, 11, 20, 12, 1,
+                                                                         tzinfo=UTC)),
+        ("new", event("d3", at(DAY_3, 12, 0), "view", "ad-1"), datetime(2026, 11, 22, 12, 1,
+                                                                         tzinfo=UTC))])
+    # A record of DAY_3 is at most the tolerance (a day) ahead of its ingestion, so bronze
+    # ingested on DAY_1 cannot hold one: its files are not read (gone, they would fail it).
+    for data_file in Path(bronze.TABLE.path(settings), f"ingest_date={DAY_1}").glob("*.parquet"):
+        data_file.unlink()
+    rebuild_silver(spark, settings, DateRange(DAY_3, DAY_3), RULES, dry_run=False)
+    assert [r.event_id for r in table(spark, settings, silver.TABLE).collect()] == ["d3"]
+
+
+def test_a_row_silver_holds_from_before_the_tolerance_is_judged_again(spark, tmp_path
+                                                                      ) -> None:
+    """Accepted under a four-day tolerance, ingested two days before its event: rebuilt
+    under a one-day tolerance it fails and moves to quarantine. Its bronze record lies
+    before what the new tolerance alone would read, and silver's own row bounds the read."""
+    settings = make_settings(tmp_path / "lake")
+    land_in_bronze(spark, settings, [
+        ("early", event("e1", at(DAY_3, 12, 0), "view", "ad-1"),
+         datetime(2026, 11, 20, 12, 0, tzinfo=UTC))])
+    days = DateRange(DAY_3, DAY_3)
+    rebuild_silver(spark, settings, days, Rules(4 * 86400, False), dry_run=False)
+    assert [r.event_id for r in table(spark, settings, silver.TABLE).collect()] == ["e1"]
+    rebuild_silver(spark, settings, days, RULES, dry_run=False)
+    assert table(spark, settings, silver.TABLE).count() == 0
+    assert [(r.bronze_id, r.reason) for r in table(spark, settings, quarantine.TABLE).collect()
+            ] == [("early", reasons.FUTURE_EVENT_TIME)]
 
 
 def test_date_ranges_are_checked() -> None:
