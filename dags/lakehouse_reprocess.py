@@ -20,8 +20,9 @@ Rebuilds event dates of silver and gold from bronze with `lakehouse reprocess`
 scheduled and backfill runs is also the *logical date* the grid's tooltip shows. A manual
 run triggered at a given logical date rebuilds the day before it (the last complete day),
 or `from`..`to` when given; one triggered without a logical date, the day before it ran.
-A backfill rebuilds `reprocess_parallel_days` of its days at once (2 on the embedded
-default; the setting is the DAG's `max_active_runs`); the other days wait their turn.
+At most `reprocess_parallel_days` days rebuild at once (2 on the embedded default), whatever
+started them (a backfill, with whatever *max active runs* it was given, the nightly run, a
+manual trigger): the rebuild tasks carry the bound; the other days wait their turn.
 The task *rebuild the run's day (or from..to)* states the exact range: its *Rendered
 Templates* tab shows `--from … --to …`, and its log the submitted command. (A task cannot
 write the run's note in Airflow 3: the Task SDK has no call for it; add a note when
@@ -41,6 +42,10 @@ from lakehouse_airflow.jobs import assets, is_true, lakehouse_job
 from spark_jobs import config
 
 REBUILDS = ("silver.ad_events", "gold.campaign_stats", "gold.ad_attribution")
+# Rebuilds at once, whatever started them: a backfill's runs are bounded by the backfill's
+# own max_active_runs (the dialog's field, 10 over the REST API), not the DAG's, so the
+# Spark tasks carry the bound themselves.
+PARALLEL_DAYS = config.load().reprocess_parallel_days
 
 
 def run_day(dag_run: Any) -> str:
@@ -75,7 +80,7 @@ def optional_date(description: str) -> Param:
     schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
     start_date=datetime(2026, 1, 1),
     catchup=False,
-    max_active_runs=config.load().reprocess_parallel_days,
+    max_active_runs=PARALLEL_DAYS,
     tags=["lakehouse", "reprocessing"],
     doc_md=__doc__,
     default_args={"retries": 1, "retry_delay": timedelta(minutes=2)},
@@ -97,14 +102,15 @@ def lakehouse_reprocess() -> None:
         op_args=["{{ params.quarantine }}"], ignore_downstream_trigger_rules=False,
         execution_timeout=timedelta(minutes=5))
     replay = lakehouse_job("replay_quarantine", "reprocess", "--quarantine",
-                           "--layers", "{{ params.layers }}", outlets=assets(*REBUILDS))
+                           "--layers", "{{ params.layers }}", outlets=assets(*REBUILDS),
+                           max_active_tis_per_dag=PARALLEL_DAYS)
     rebuild = lakehouse_job(
         "rebuild_dates", "reprocess",
         "--from", "{{ params['from'] or run_day(dag_run) }}",
         "--to", "{{ params['to'] or run_day(dag_run) }}",
         "--layers", "{{ params.layers }}",
         "{{ '--late' if dag_run.run_type == 'scheduled' else '--no-late' }}",
-        outlets=assets(*REBUILDS),
+        outlets=assets(*REBUILDS), max_active_tis_per_dag=PARALLEL_DAYS,
         trigger_rule="none_failed", task_display_name="rebuild the run's day (or from..to)",
         doc_md="Rebuilds the run's data interval day, or `from`..`to` when given; the "
                "nightly run then repairs the dates the late-data ledger lists (`--late`, in "

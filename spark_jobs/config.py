@@ -67,6 +67,7 @@ class Settings:
     kafka_topic: str
     spark_master: str
     spark_driver_host: str
+    spark_java_options: str
     shuffle_partitions: int
     jars_dir: Path
     trigger_interval: str

@@ -92,8 +92,8 @@ def pipeline(spark: SparkSession, settings: Settings, corpus: Path) -> dict[str,
 
 def reprocess_day(spark: SparkSession, settings: Settings) -> dict[str, Any]:
     """The busiest event date rebuilt in silver and gold. Its silver rows are deleted first,
-    so the rebuild writes them all again (gold is recomputed and compared, and left as it
-    is, being equal)."""
+    so the rebuild writes them all again; gold's day is recomputed, compared and replaced
+    where it differs (the windows of events the stream found late)."""
     path = silver.TABLE.path(settings)
     busiest = (spark.read.format("delta").load(path).groupBy("event_date").count()
                .orderBy(F.desc("count")).first())

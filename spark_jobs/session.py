@@ -11,9 +11,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-JIT_HUGE_METHODS = "-XX:-DontCompileHugeMethods"
-
-
 def spark_conf(settings: Settings) -> dict[str, str]:
     """Every Spark setting of the project, in one place (also used for ``spark-submit``)."""
     jars = sorted(settings.jars_dir.glob("*.jar"))
@@ -40,11 +37,15 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.warehouse.dir": str(settings.root / "warehouse"),
         "spark.driver.memory": "2g",
-        # Validation's whole-stage generated code is over HotSpot's 8,000-byte limit for
-        # JIT compilation, so it ran interpreted: compiling it makes silver ~12% faster.
-        "spark.driver.extraJavaOptions": JIT_HUGE_METHODS,
-        "spark.executor.extraJavaOptions": JIT_HUGE_METHODS,
-    } | _driver_address(settings)
+    } | _java_options(settings) | _driver_address(settings)
+
+
+def _java_options(settings: Settings) -> dict[str, str]:
+    """The driver's and executors' JVM options, when configured (they replace what
+    ``spark-defaults.conf`` sets for these keys, so an empty setting leaves those alone)."""
+    options = settings.spark_java_options
+    return ({"spark.driver.extraJavaOptions": options,
+             "spark.executor.extraJavaOptions": options} if options else {})
 
 
 def _driver_address(settings: Settings) -> dict[str, str]:

@@ -34,7 +34,8 @@ print(json.dumps({
         "tags": sorted(dag.tags), "doc_md": bool(dag.doc_md), "catchup": dag.catchup,
         "max_active_runs": dag.max_active_runs,
         "tasks": {task.task_id: {"retries": task.retries,
-                                 "timeout": bool(task.execution_timeout)}
+                                 "timeout": bool(task.execution_timeout),
+                                 "max_active_tis_per_dag": task.max_active_tis_per_dag}
                   for task in dag.tasks}}
         for dag_id, dag in bag.dags.items()}}))
 """
@@ -77,16 +78,26 @@ def test_every_dag_parses_with_retries_timeouts_tags_and_docs(tmp_path, mode) ->
     # Continuous mode is supervised by the health sensor; scheduled mode needs none.
     assert streaming_tasks == ({"run_streams", "watch_health"} if mode == "continuous"
                                else {"run_streams"})
-    # One streaming driver, one validation and one maintenance at a time; a backfill
-    # rebuilds reprocess_parallel_days days at once (2 on the embedded default).
+    # One streaming driver, one validation and one maintenance at a time; and at most
+    # reprocess_parallel_days rebuilds (2 on the embedded default), backfills included.
     assert {dag_id: dag["max_active_runs"] for dag_id, dag in report["dags"].items()} == {
         "lakehouse_streaming": 1, "lakehouse_quality": 1, "lakehouse_maintenance": 1,
         "lakehouse_reprocess": 2}
+    assert rebuilds_at_once(report) == {"replay_quarantine": 2, "rebuild_dates": 2}
 
 
-def test_how_many_backfill_days_rebuild_at_once_is_configuration(tmp_path) -> None:
+def rebuilds_at_once(report: dict) -> dict[str, int]:
+    """A backfill's runs obey the backfill's own max_active_runs, not the DAG's: the
+    Spark tasks' own bound is what holds for them."""
+    tasks = report["dags"]["lakehouse_reprocess"]["tasks"]
+    return {task_id: task["max_active_tis_per_dag"] for task_id, task in tasks.items()
+            if task["max_active_tis_per_dag"] is not None}
+
+
+def test_how_many_days_rebuild_at_once_is_configuration(tmp_path) -> None:
     report = dagbag_report(tmp_path / "lake", LAKEHOUSE_REPROCESS_PARALLEL_DAYS="6")
     assert report["dags"]["lakehouse_reprocess"]["max_active_runs"] == 6
+    assert rebuilds_at_once(report) == {"replay_quarantine": 6, "rebuild_dates": 6}
 
 
 @pytest.fixture(scope="module")

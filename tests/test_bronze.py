@@ -22,8 +22,10 @@ def test_each_non_blank_line_becomes_one_row_with_its_position(spark) -> None:
 
 
 def test_bom_and_crlf_do_not_reach_the_raw_text(spark) -> None:
-    rows = lines_of(spark, {"b.jsonl": '\ufeff{"n":1}\r\n{"n":2}\r\n'})
-    assert [raw for _, _, raw in rows] == ['{"n":1}', '{"n":2}']
+    # The second file is two files concatenated: its mark opens line 2.
+    rows = lines_of(spark, {"b.jsonl": '\ufeff{"n":1}\r\n{"n":2}\r\n',
+                            "c.jsonl": '\ufeff{"n":3}\n\ufeff{"n":4}\n'})
+    assert [raw for _, _, raw in rows] == ['{"n":1}', '{"n":2}', '{"n":3}', '{"n":4}']
 
 
 def test_broken_lines_are_kept_exactly(spark) -> None:

@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from spark_jobs import delta_reader
-from spark_jobs.demo import DAGS, PASSWORDS_FILE
+from spark_jobs.demo import DAGS, DEMO_TRIGGER, PASSWORDS_FILE
 from spark_jobs.ops import heartbeat
 from tests.browser import airflow_ui
 from tests.conftest import cli_env, lakehouse_command, make_settings
@@ -246,11 +246,12 @@ def test_a_two_day_backfill_from_the_ui_dialog_rebuilds_exactly_its_days(live,
     # 4.6 minutes in the last run; 8.5 with the streams at a 5 s trigger).
     # Issue 14: the backfill must not starve the live streams, so no stream may be reported
     # stalled (the verdict of the health sensor and the Stream health page) while it runs.
-    settings = make_settings(live.root)
+    settings = make_settings(live.root, trigger_interval=DEMO_TRIGGER)  # the sensor's limit
     stalls: set[str] = set()
 
     def watch_the_streams() -> None:
-        stalls.update(p for p in heartbeat.health(settings).problems if "stalled" in p)
+        stalls.update(problem for problem in heartbeat.health(settings).problems
+                      if "stalled" in problem or "stopped beating" in problem)
 
     live.wait_for_runs("lakehouse_reprocess", {r["dag_run_id"] for r in runs}, timeout=1500,
                        while_waiting=watch_the_streams)

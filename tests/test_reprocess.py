@@ -205,7 +205,9 @@ def test_a_rebuild_does_not_read_bronze_ingested_before_its_days_could_arrive(sp
                                                                          tzinfo=UTC))])
     # A record of DAY_3 is at most the tolerance (a day) ahead of its ingestion, so bronze
     # ingested on DAY_1 cannot hold one: its files are not read (gone, they would fail it).
-    for data_file in Path(bronze.TABLE.path(settings), f"ingest_date={DAY_1}").glob("*.parquet"):
+    old_files = list(Path(bronze.TABLE.path(settings), f"ingest_date={DAY_1}").glob("*.parquet"))
+    assert old_files
+    for data_file in old_files:
         data_file.unlink()
     rebuild_silver(spark, settings, DateRange(DAY_3, DAY_3), RULES, dry_run=False)
     assert [r.event_id for r in table(spark, settings, silver.TABLE).collect()] == ["d3"]
