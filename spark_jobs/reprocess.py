@@ -141,7 +141,9 @@ def _replace_range(spark: SparkSession, settings: Settings, spec: TableSpec, row
     """Replace the rows matching ``predicate`` with ``rows`` in one commit, unless equal."""
     current = _read(spark, settings, spec).where(predicate)
     rows = rows.select(*spec.schema.fieldNames())
-    if _same_rows(current, rows):
+    # Counts that differ on a date already say the rows differ; the exact comparison, which
+    # costs more than computing the rows, only runs when every date's count is the same.
+    if not change.changed_dates and _same_rows(current, rows):
         change.note = "unchanged"
         return
     if dry_run:
@@ -173,7 +175,8 @@ def rebuild_silver(spark: SparkSession, settings: Settings, days: DateRange, rul
         bronze_rows, _ = _read_pinned(spark, settings, bronze.TABLE)
         bronze_rows = bronze_rows.where(
             F.col("ingest_date") >= F.lit(earliest_ingestion(spark, settings, days, rules)))
-        validated = validate(bronze_rows, rules).persist()
+        # Only the records of ``days`` matter below: the others are not kept in memory.
+        validated = validate(bronze_rows, rules).where(days.holds("event_date")).persist()
         try:
             changes.extend(_rebuild_silver_from(spark, settings, days, bronze_rows, validated,
                                                 dry_run))
@@ -208,24 +211,30 @@ def _rebuild_silver_from(spark: SparkSession, settings: Settings, days: DateRang
     # the first delivery over all history wins, which keeps dedup exact across the range's
     # boundaries.
     arrived_since = current.join(bronze_rows.select("bronze_id"), "bronze_id", "left_anti")
-    events = silver.first_deliveries(
-        silver.accepted(validated).where(days.holds("event_date")).unionByName(arrived_since))
-    silver_change = Change(silver.TABLE.name, _rows_per_date(current, F.col("event_date")),
-                           _rows_per_date(events, F.col("event_date")))
+    # The snapshot's own first deliveries are kept in memory (they are read up to three
+    # times); the rows arrived since are not: read again when the replace runs, inside its
+    # transaction, a row the stream commits meanwhile is a conflict (retried), not lost.
+    # One delivery per event_id either way: the first of the first is the first of all.
+    fresh = silver.first_deliveries(silver.accepted(validated)).persist()
+    try:
+        events = silver.first_deliveries(fresh.unionByName(arrived_since))
+        silver_change = Change(silver.TABLE.name, _rows_per_date(current, F.col("event_date")),
+                               _rows_per_date(events, F.col("event_date")))
 
-    quarantined = _read(spark, settings, quarantine.TABLE).select("bronze_id")
-    in_range = validated.where(days.holds("event_date"))
-    passing_now = in_range.where(F.col("reason").isNull()).select("bronze_id").join(
-        quarantined, "bronze_id")
-    failing_now = quarantine.rejected(in_range).join(quarantined, "bronze_id", "left_anti")
-    released, newly_rejected = passing_now.count(), failing_now.count()
-    quarantine_change = Change(quarantine.TABLE.name,
-                               note=f"{released} records now pass and leave quarantine, "
-                                    f"{newly_rejected} now fail and enter it")
+        quarantined = _read(spark, settings, quarantine.TABLE).select("bronze_id")
+        passing_now = validated.where(F.col("reason").isNull()).select("bronze_id").join(
+            quarantined, "bronze_id")
+        failing_now = quarantine.rejected(validated).join(quarantined, "bronze_id", "left_anti")
+        released, newly_rejected = passing_now.count(), failing_now.count()
+        quarantine_change = Change(quarantine.TABLE.name,
+                                   note=f"{released} records now pass and leave quarantine, "
+                                        f"{newly_rejected} now fail and enter it")
 
-    _replace_range(spark, settings, silver.TABLE, events,
-                   days.date_predicate("event_date"),
-                   silver_change, dry_run)
+        _replace_range(spark, settings, silver.TABLE, events,
+                       days.date_predicate("event_date"),
+                       silver_change, dry_run)
+    finally:
+        fresh.unpersist()
     if not dry_run and (released or newly_rejected):
         _move_out_of_quarantine(spark, settings, passing_now)
         failing_now.write.format("delta").mode("append").save(quarantine.TABLE.path(settings))
@@ -291,8 +300,11 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
         events, version = _read_pinned(spark, settings, silver.TABLE)
         mapping = _read(spark, settings, ad_campaigns.TABLE)
 
+        # Computed from a pinned version of silver, so they can be kept in memory for the
+        # counts, the comparison and the write alike.
         stats = campaign_stats.campaign_stats(events.where(days.holds("event_date")), mapping,
-                                              settings.window_duration)
+                                              settings.window_duration).persist()
+        computed.append(stats)
         stats_change = Change(campaign_stats.TABLE.name,
                               _rows_per_date(_read(spark, settings, campaign_stats.TABLE)
                                              .where(days.predicate("window_start")),
@@ -311,7 +323,8 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
         earliest = (datetime.combine(days.first, datetime.min.time()) - gap).date()
         attributions = (ad_attribution.ad_attribution(
             events.where(F.col("event_date").between(F.lit(earliest), F.lit(days.last))),
-            settings.attribution_max_gap).where(days.holds("click_date")))
+            settings.attribution_max_gap).where(days.holds("click_date"))).persist()
+        computed.append(attributions)
         attribution_change = Change(ad_attribution.TABLE.name,
                                     _rows_per_date(_read(spark, settings, ad_attribution.TABLE)
                                                    .where(days.holds("click_date")),
@@ -323,7 +336,12 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
         changes.extend([stats_change, attribution_change,
                         _mark_repaired(spark, settings, days, started, dry_run)])
 
-    retry_on_conflict(write, f"gold rebuild of {days}")
+    computed: list[DataFrame] = []
+    try:
+        retry_on_conflict(write, f"gold rebuild of {days}")
+    finally:
+        for frame in computed:
+            frame.unpersist()
     return changes
 
 

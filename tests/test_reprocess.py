@@ -252,3 +252,26 @@ def test_cli_refuses_bad_ranges_and_a_range_without_data_is_a_clean_no_op(tmp_pa
                           "--to", "2026-11-02", "--json")
     assert empty.returncode == 0, empty.stderr
     assert not any(change["written"] for change in json.loads(empty.stdout)["changes"])
+
+
+def test_a_window_that_changed_is_replaced_though_every_date_keeps_its_row_count(
+        spark, tmp_path) -> None:
+    """A rebuild skips its exact comparison when a date's row count changed; with equal
+    counts it must still compare values: a second view in a window gold already holds
+    changes that window's views, not the number of windows."""
+    settings = make_settings(tmp_path / "lake")
+    days = DateRange(DAY_2, DAY_2)
+    ingested = datetime.combine(DAY_2, datetime.min.time(), tzinfo=UTC).replace(hour=10)
+    land_in_bronze(spark, settings, [("b1", event("v1", at(DAY_2, 9, 0, 5), "view", "ad-1"),
+                                      ingested)])
+    rebuild_silver(spark, settings, days, RULES, dry_run=False)
+    rebuild_gold(spark, settings, days, dry_run=False)
+    land_in_bronze(spark, settings, [("b2", event("v2", at(DAY_2, 9, 0, 30), "view", "ad-1"),
+                                      ingested)])
+    [silver_change, _] = rebuild_silver(spark, settings, days, RULES, dry_run=False)
+    assert silver_change.rows_after == {str(DAY_2): 2} and silver_change.written
+    stats_change = rebuild_gold(spark, settings, days, dry_run=False)[0]
+    # v1 and v2 share one window (the same minute): one row on DAY_2 before and after.
+    assert stats_change.rows_before == stats_change.rows_after == {str(DAY_2): 1}
+    assert stats_change.written
+    assert [r.views for r in table(spark, settings, campaign_stats.TABLE).collect()] == [2]
