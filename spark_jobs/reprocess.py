@@ -256,7 +256,8 @@ def replay_quarantine(spark: SparkSession, settings: Settings, rules: Rules,
                       reason: str | None, dry_run: bool) -> list[Change]:
     """Re-validate quarantined records with ``rules``; move those that now pass into silver.
 
-    The insert into silver and the delete from quarantine are two commits. Both are
+    The insert into silver, the adoption of deliveries earlier than silver's (an event's row
+    is its first delivery) and the delete from quarantine are three commits. Each is
     idempotent, so a replay interrupted between them is completed by running it again
     (the audit shows such records as accounted twice until then)."""
     held = _read(spark, settings, quarantine.TABLE)
@@ -274,7 +275,9 @@ def replay_quarantine(spark: SparkSession, settings: Settings, rules: Rules,
         if by_reason and not dry_run:
             def write() -> None:
                 ensure_table(spark, settings, silver.TABLE)
-                silver.insert_new_events(spark, settings, silver.first_deliveries(passing))
+                deliveries = silver.first_deliveries(passing)
+                silver.insert_new_events(spark, settings, deliveries)
+                silver.adopt_earlier_deliveries(spark, settings, deliveries)
                 _move_out_of_quarantine(spark, settings, passing.select("bronze_id"))
 
             retry_on_conflict(write, "quarantine replay")

@@ -4,7 +4,7 @@ and a second run changes nothing."""
 import hashlib
 import json
 from collections import Counter
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -275,3 +275,31 @@ def test_a_window_that_changed_is_replaced_though_every_date_keeps_its_row_count
     assert stats_change.rows_before == stats_change.rows_after == {str(DAY_2): 1}
     assert stats_change.written
     assert [r.views for r in table(spark, settings, campaign_stats.TABLE).collect()] == [2]
+
+
+def test_a_replayed_delivery_earlier_than_silver_s_row_becomes_the_event_s_row(
+        spark, tmp_path) -> None:
+    """Silver keeps each event's first delivery. The first copy of n1 is held in quarantine
+    (a naive time), a later good copy enters silver; once the parser learns the format, the
+    replay makes the first copy the row, as a rebuild would: both runners agree."""
+    settings = make_settings(tmp_path / "lake")
+    first_seen = datetime(2026, 11, 21, 10, 1, tzinfo=UTC)
+    land_in_bronze(spark, settings, [("first", NAIVE, first_seen),
+                                     ("retry", RECOVERED, first_seen + timedelta(minutes=5))])
+    for spec in (silver.TABLE, quarantine.TABLE):
+        ensure_table(spark, settings, spec)
+    # The stream's own batch function over both deliveries.
+    silver.process(spark, table(spark, settings, bronze.TABLE), "test", 0, settings=settings)
+    assert [r.bronze_id for r in table(spark, settings, silver.TABLE).collect()] == ["retry"]
+    assert [r.bronze_id for r in table(spark, settings, quarantine.TABLE).collect()] == ["first"]
+
+    replay_quarantine(spark, settings, FIXED_RULES, reasons.BAD_EVENT_TIME, dry_run=False)
+    [row] = table(spark, settings, silver.TABLE).collect()
+    assert (row.event_id, row.bronze_id, row.ingested_at) == ("n1", "first",
+                                                              first_seen.replace(tzinfo=None))
+    assert table(spark, settings, quarantine.TABLE).count() == 0
+    assert account(spark, settings).identity_holds  # "retry" is now the duplicate
+    # The batch runner finds nothing to change in silver.
+    [silver_change, _] = rebuild_silver(spark, settings, DateRange(DAY_2, DAY_2), FIXED_RULES,
+                                        dry_run=False)
+    assert silver_change.note == "unchanged", silver_change

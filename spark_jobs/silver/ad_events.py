@@ -124,6 +124,28 @@ def insert_new_events(spark: SparkSession, settings: Settings, events: DataFrame
         classified.unpersist()
 
 
+def adopt_earlier_deliveries(spark: SparkSession, settings: Settings, events: DataFrame
+                             ) -> None:
+    """Where silver holds an event from a later delivery than its copy in ``events`` (one
+    released from quarantine by a replay), that earlier delivery becomes the event's row, as
+    the grain says and a rebuild would choose.
+
+    A commit of its own that only updates rows, so the gold streams skip it (they counted
+    the event already), while the insert of new events stays an append they read."""
+    from delta.tables import DeltaTable
+
+    scopes = merge_scopes(events, settings)
+    if not scopes:
+        return
+    earlier = ("s.ingested_at < t.ingested_at OR "
+               "(s.ingested_at = t.ingested_at AND s.bronze_id < t.bronze_id)")
+    scope = " OR ".join(f"({predicate})" for predicate in scopes.values())
+    (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")
+        .merge(events.alias("s"), f"({scope}) AND t.event_id = s.event_id")
+        .whenMatchedUpdateAll(condition=earlier)
+        .execute())
+
+
 def _classified(events: DataFrame, settings: Settings) -> DataFrame:
     """``_on_time``: event time within ``watermark_delay`` of ingestion."""
     horizon = int(interval_seconds(settings.watermark_delay))
