@@ -123,27 +123,37 @@ def _read(spark: SparkSession, settings: Settings, spec: TableSpec) -> DataFrame
     return spark.read.format("delta").load(spec.path(settings))
 
 
+def _version(spark: SparkSession, settings: Settings, spec: TableSpec) -> int:
+    from delta.tables import DeltaTable
+
+    ensure_table(spark, settings, spec)
+    return DeltaTable.forPath(spark, spec.path(settings)).history(1).first().version
+
+
 def _read_pinned(spark: SparkSession, settings: Settings, spec: TableSpec
                  ) -> tuple[DataFrame, int]:
     """The table as of its current version (the same rows however often it is read), and
     that version."""
-    from delta.tables import DeltaTable
-
-    ensure_table(spark, settings, spec)
-    path = spec.path(settings)
-    version = DeltaTable.forPath(spark, path).history(1).first().version
-    return spark.read.format("delta").option("versionAsOf", version).load(path), version
+    version = _version(spark, settings, spec)
+    return (spark.read.format("delta").option("versionAsOf", version)
+            .load(spec.path(settings)), version)
 
 
 def _replace_range(spark: SparkSession, settings: Settings, spec: TableSpec, rows: DataFrame,
                    predicate: str, change: Change, dry_run: bool,
-                   before_write: Callable[[], None] = lambda: None) -> None:
-    """Replace the rows matching ``predicate`` with ``rows`` in one commit, unless equal."""
+                   before_write: Callable[[], None] = lambda: None,
+                   counted_at_one_version: bool = True) -> None:
+    """Replace the rows matching ``predicate`` with ``rows`` in one commit, unless equal.
+
+    ``counted_at_one_version``: the change's counts before and after saw the same version
+    of the table (gold's, under its one writer, always do)."""
     current = _read(spark, settings, spec).where(predicate)
     rows = rows.select(*spec.schema.fieldNames())
     # Counts that differ on a date already say the rows differ; the exact comparison, which
-    # costs more than computing the rows, only runs when every date's count is the same.
-    if not change.changed_dates and _same_rows(current, rows):
+    # costs more than computing the rows, only runs when every date's count is the same,
+    # or when a commit between the two counts may be all that made them differ.
+    differs = bool(change.changed_dates) and counted_at_one_version
+    if not differs and _same_rows(current, rows):
         change.note = "unchanged"
         return
     if dry_run:
@@ -218,8 +228,10 @@ def _rebuild_silver_from(spark: SparkSession, settings: Settings, days: DateRang
     fresh = silver.first_deliveries(silver.accepted(validated)).persist()
     try:
         events = silver.first_deliveries(fresh.unionByName(arrived_since))
+        counted_at = _version(spark, settings, silver.TABLE)
         silver_change = Change(silver.TABLE.name, _rows_per_date(current, F.col("event_date")),
                                _rows_per_date(events, F.col("event_date")))
+        one_version = _version(spark, settings, silver.TABLE) == counted_at
 
         quarantined = _read(spark, settings, quarantine.TABLE).select("bronze_id")
         passing_now = validated.where(F.col("reason").isNull()).select("bronze_id").join(
@@ -232,7 +244,7 @@ def _rebuild_silver_from(spark: SparkSession, settings: Settings, days: DateRang
 
         _replace_range(spark, settings, silver.TABLE, events,
                        days.date_predicate("event_date"),
-                       silver_change, dry_run)
+                       silver_change, dry_run, counted_at_one_version=one_version)
     finally:
         fresh.unpersist()
     if not dry_run and (released or newly_rejected):
@@ -296,9 +308,16 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
     entries for those dates marked repaired."""
 
     changes: list[Change] = []
+    computed: list[DataFrame] = []  # kept in memory for one attempt
+
+    def forget_computed() -> None:
+        for frame in computed:
+            frame.unpersist()
+        computed.clear()
 
     def write() -> None:
         changes.clear()
+        forget_computed()  # a failed attempt's
         started = datetime.now(UTC).replace(tzinfo=None)
         events, version = _read_pinned(spark, settings, silver.TABLE)
         mapping = _read(spark, settings, ad_campaigns.TABLE)
@@ -339,12 +358,10 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
         changes.extend([stats_change, attribution_change,
                         _mark_repaired(spark, settings, days, started, dry_run)])
 
-    computed: list[DataFrame] = []
     try:
         retry_on_conflict(write, f"gold rebuild of {days}")
     finally:
-        for frame in computed:
-            frame.unpersist()
+        forget_computed()
     return changes
 
 

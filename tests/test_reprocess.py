@@ -303,3 +303,16 @@ def test_a_replayed_delivery_earlier_than_silver_s_row_becomes_the_event_s_row(
     [silver_change, _] = rebuild_silver(spark, settings, DateRange(DAY_2, DAY_2), FIXED_RULES,
                                         dry_run=False)
     assert silver_change.note == "unchanged", silver_change
+
+    # A naive copy delivered after the row's: released by a second replay, it stays a
+    # duplicate (an adoption that ignored delivery order would make it the row).
+    land_in_bronze(spark, settings, [("again", NAIVE, first_seen + timedelta(minutes=20))])
+    silver.process(spark, table(spark, settings, bronze.TABLE).where("bronze_id = 'again'"),
+                   "test", 1, settings=settings)
+    replay_quarantine(spark, settings, FIXED_RULES, reasons.BAD_EVENT_TIME, dry_run=False)
+    assert [r.bronze_id for r in table(spark, settings, silver.TABLE).collect()] == ["first"]
+    assert table(spark, settings, quarantine.TABLE).count() == 0
+    # The audit judges what is left over with the configured rules: the fix configured.
+    fixed = make_settings(settings.root,
+                          extra_event_time_formats=list(FIXED_RULES.extra_time_formats))
+    assert account(spark, fixed).identity_holds
