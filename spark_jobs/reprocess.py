@@ -124,10 +124,9 @@ def _read(spark: SparkSession, settings: Settings, spec: TableSpec) -> DataFrame
 
 
 def _version(spark: SparkSession, settings: Settings, spec: TableSpec) -> int:
-    from delta.tables import DeltaTable
-
+    """The table's latest version, read from its log without a Spark job."""
     ensure_table(spark, settings, spec)
-    return DeltaTable.forPath(spark, spec.path(settings)).history(1).first().version
+    return delta_reader.latest_version(spec.path(settings))
 
 
 def _read_pinned(spark: SparkSession, settings: Settings, spec: TableSpec

@@ -75,9 +75,13 @@ def accepted(validated: DataFrame) -> DataFrame:
     return validated.where(F.col("reason").isNull()).select(*SCHEMA.fieldNames())
 
 
+# Which of an event's deliveries comes first: the earliest ingested, then the lowest bronze id.
+DELIVERY_ORDER = ("ingested_at", "bronze_id")
+
+
 def first_deliveries(events: DataFrame) -> DataFrame:
-    """One row per event_id: the earliest delivery (by ingestion time, then bronze id)."""
-    earliest = Window.partitionBy("event_id").orderBy("ingested_at", "bronze_id")
+    """One row per event_id: its first delivery (``DELIVERY_ORDER``)."""
+    earliest = Window.partitionBy("event_id").orderBy(*DELIVERY_ORDER)
     return (events.withColumn("_delivery", F.row_number().over(earliest))
             .where("_delivery = 1").drop("_delivery"))
 
@@ -137,8 +141,10 @@ def adopt_earlier_deliveries(spark: SparkSession, settings: Settings, events: Da
     scopes = merge_scopes(events, settings)
     if not scopes:
         return
-    earlier = ("s.ingested_at < t.ingested_at OR "
-               "(s.ingested_at = t.ingested_at AND s.bronze_id < t.bronze_id)")
+    def delivery(alias: str) -> str:
+        return "struct(" + ", ".join(f"{alias}.{name}" for name in DELIVERY_ORDER) + ")"
+
+    earlier = f"{delivery('s')} < {delivery('t')}"
     scope = " OR ".join(f"({predicate})" for predicate in scopes.values())
     (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")
         .merge(events.alias("s"), f"({scope}) AND t.event_id = s.event_id")
