@@ -15,6 +15,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from sqlalchemy import Connection, Engine, event
+from sqlalchemy.orm import sessionmaker
+
 from spark_jobs.config import PROJECT_DIR, Settings
 
 # SQLite, the embedded default, has one writer at a time, and Python's driver gives up after
@@ -22,6 +25,30 @@ from spark_jobs.config import PROJECT_DIR, Settings
 # the API server then answered a backfill's POST with 503, and the UI submitted it again
 # (issue 14: two toasts for one backfill). Its processes wait up to 30 s for the lock instead.
 SQLITE_CONNECT_ARGS = {"timeout": 30}
+
+
+def sqlite_session_maker(engine: Engine) -> sessionmaker:
+    """Airflow's session factory (``[database] sql_alchemy_session_maker``), its own
+    arguments, with one change on SQLite: a transaction that starts at a savepoint takes the
+    write lock first.
+
+    Airflow creates each backfill run inside ``session.begin_nested()``. On SQLite a
+    SAVEPOINT outside a transaction begins a deferred one: it reads, then asks for the write
+    lock to insert. If the scheduler committed in between, SQLite refuses at once
+    (SQLITE_BUSY_SNAPSHOT: the snapshot read is stale), without waiting for the lock at all,
+    and the API answered the dialog's backfill with 503 in a tenth of a second (issue 14).
+    ``BEGIN IMMEDIATE`` takes the lock before the first read, waiting up to the connection's
+    timeout, so the snapshot cannot go stale. Other transactions are left deferred: taking
+    the lock for every read would serialise the UI's reads behind the scheduler, and a
+    request that holds one session while opening another would wait on itself."""
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "savepoint", _begin_immediate_before_first_savepoint)
+    return sessionmaker(engine, autoflush=False, expire_on_commit=False)
+
+
+def _begin_immediate_before_first_savepoint(connection: Connection, name: str) -> None:
+    if not connection.connection.dbapi_connection.in_transaction:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -39,6 +66,8 @@ def environment(settings: Settings, base: Mapping[str, str] | None = None) -> di
         for option in ("SQL_ALCHEMY_CONNECT_ARGS", "SQL_ALCHEMY_CONNECT_ARGS_ASYNC"):
             env.setdefault(f"AIRFLOW__DATABASE__{option}",
                            "spark_jobs.airflow_env.SQLITE_CONNECT_ARGS")
+        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_SESSION_MAKER",
+                       "spark_jobs.airflow_env.sqlite_session_maker")
     env.setdefault("AIRFLOW_CONN_LAKEHOUSE_SPARK",
                    json.dumps({"conn_type": "spark", "host": settings.spark_master}))
     env["LAKEHOUSE_ROOT"] = str(settings.root)

@@ -84,3 +84,41 @@ def test_airflow_on_sqlite_waits_for_the_database_lock(tmp_path: Path) -> None:
                   {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD": "cat /run/secrets/airflow-db"},
                   {"AIRFLOW_HOME": str(tmp_path / "users-airflow")}):
         assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS" not in environment(settings, users)
+
+
+# Airflow's backfill creates each run in a savepoint: read the latest run, then insert.
+# Another process (here a plain sqlite3 connection, as the scheduler would) writes between
+# the read and the insert. It must wait for the savepoint's transaction, not make the insert
+# fail at once on a stale snapshot, which the API turned into a 503 for the backfill dialog.
+_SAVEPOINT_RACE = """
+import sqlite3, threading
+from sqlalchemy import text
+from airflow import settings
+with settings.engine.begin() as connection:
+    connection.exec_driver_sql("CREATE TABLE IF NOT EXISTS probe (writer TEXT)")
+def scheduler_writes():
+    scheduler = sqlite3.connect(settings.engine.url.database, timeout=30)
+    scheduler.execute("INSERT INTO probe VALUES ('scheduler')")
+    scheduler.commit()
+session = settings.Session()
+with session.begin_nested():
+    session.execute(text("SELECT count(*) FROM probe")).scalar()
+    scheduler = threading.Thread(target=scheduler_writes)
+    scheduler.start()
+    scheduler.join(timeout=1)
+    session.execute(text("INSERT INTO probe VALUES ('backfill')"))
+session.commit()
+scheduler.join()
+print(sorted(row[0] for row in session.execute(text("SELECT writer FROM probe"))))
+"""
+
+
+def test_airflow_on_sqlite_serialises_a_savepoint_with_the_scheduler_s_writes(
+        tmp_path: Path) -> None:
+    settings = config.load({"root": tmp_path / "lake"}, environ={})
+    done = subprocess.run([sys.executable, "-c", _SAVEPOINT_RACE], capture_output=True,
+                          text=True, env=environment(settings, cli_env()), timeout=120)
+    # Without BEGIN IMMEDIATE the insert fails with "database is locked" while the
+    # scheduler's row is already committed.
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "['backfill', 'scheduler']"
