@@ -185,7 +185,8 @@ def rebuild_silver(spark: SparkSession, settings: Settings, days: DateRange, rul
         bronze_rows = bronze_rows.where(
             F.col("ingest_date") >= F.lit(earliest_ingestion(spark, settings, days, rules)))
         # Only the records of ``days`` matter below: the others are not kept in memory.
-        validated = validate(bronze_rows, rules).where(days.holds("event_date")).persist()
+        validated = silver.slimmed(
+            validate(bronze_rows, rules).where(days.holds("event_date"))).persist()
         try:
             changes.extend(_rebuild_silver_from(spark, settings, days, bronze_rows, validated,
                                                 dry_run))

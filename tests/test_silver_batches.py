@@ -97,6 +97,13 @@ def test_audit_accounts_for_every_bronze_row(spark, settings) -> None:
             result.duplicates) == (5, 2, 2, 1)
     assert result.quarantine_by_reason == {"empty_record": 1, "not_an_object": 1}
     assert result.identity_holds
+    # Quarantine keeps a rejected record's text as delivered (the batch caches the raw text
+    # of the rejected only); silver keeps the first delivery's identity.
+    held = spark.read.format("delta").load(quarantine.TABLE.path(settings))
+    assert sorted(row.raw for row in held.collect()) == ["[1]", "{}"]
+    assert (spark.read.format("delta").load(silver.TABLE.path(settings))
+            .where("event_id = 'e-1'").first().bronze_id) == bronze_frame(
+                spark, raws).first().bronze_id
 
 
 def test_audit_fails_on_an_unprocessed_or_doubly_placed_record(spark, settings) -> None:
