@@ -18,8 +18,10 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from pyspark.sql import functions as F
+
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
     from spark_jobs.config import Settings
@@ -69,6 +71,19 @@ def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[N
     finally:
         spark.conf.unset(TXN_APP_ID)
         spark.conf.unset(TXN_VERSION)
+
+
+# A timestamp as SQL literal text, in the session time zone as literals are read.
+_SHOWN = "yyyy-MM-dd HH:mm:ss.SSSSSS"
+
+
+def time_bounds(column: str) -> list[Column]:
+    """Aggregates ``first`` and ``last``: the column's min and max as timestamp literal
+    text for a predicate Delta skips files with, widened by a millisecond because Delta keeps
+    timestamp statistics to the millisecond."""
+    margin = F.expr("INTERVAL 1 MILLISECOND")
+    return [F.date_format(F.min(column) - margin, _SHOWN).alias("first"),
+            F.date_format(F.max(column) + margin, _SHOWN).alias("last")]
 
 
 def idempotent_append_options(app_id: str, version: int) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from datetime import datetime
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -188,3 +189,40 @@ def test_time_zones_land_in_their_utc_window(spark) -> None:
                                            "1 minute").collect()
     assert sorted((r.window_start.isoformat(), r.views) for r in result) == [
         ("2025-11-22T10:01:00", 1), ("2026-11-22T10:00:00", 2)]
+
+
+def attribution_rows(spark, rows: list[tuple[str, datetime, str, datetime]]):
+    """(click_event_id, click_time, view_event_id, view_time) as attribution rows."""
+    return spark.createDataFrame(
+        [(click, clicked, clicked.date(), "u-1", "ad-1", view, viewed,
+          (clicked - viewed).total_seconds()) for click, clicked, view, viewed in rows],
+        ad_attribution.SCHEMA)
+
+
+def test_an_attribution_batch_reads_only_the_files_around_its_clicks(spark, settings,
+                                                                       tmp_path) -> None:
+    ensure_table(spark, settings, ad_attribution.TABLE)
+    path = Path(ad_attribution.TABLE.path(settings))
+    files_of_hour = {}
+    for hour in (8, 12, 16):  # three earlier batches, a file each
+        before = set(path.glob("*.parquet"))
+        ad_attribution.upsert(spark, settings, attribution_rows(
+            spark, [(f"c-{hour}", at(0, hour=hour), f"v-{hour}", at(0, hour=hour - 1))]))
+        files_of_hour[hour] = set(path.glob("*.parquet")) - before
+    # The other hours' files are taken away: the MERGE fails if it reads them.
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for file in files_of_hour[8] | files_of_hour[16]:
+        file.rename(aside / file.name)
+    # A later view for the noon click, and a new click beside it.
+    ad_attribution.upsert(spark, settings, attribution_rows(spark, [
+        ("c-12", at(0), "v-later", at(30, hour=11)), ("c-new", at(5), "v-new", at(1))]))
+    for file in aside.iterdir():
+        file.rename(path / file.name)
+    rows = {r.click_event_id: r.view_event_id
+            for r in spark.read.format("delta").load(str(path)).collect()}
+    assert rows == {"c-8": "v-8", "c-12": "v-later", "c-16": "v-16", "c-new": "v-new"}
+    # A batch in which no click found a view commits nothing.
+    versions = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
+    ad_attribution.upsert(spark, settings, attribution_rows(spark, []))
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == versions

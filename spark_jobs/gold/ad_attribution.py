@@ -27,7 +27,7 @@ from pyspark.sql.types import (
 )
 
 from spark_jobs.config import Settings, spark_interval
-from spark_jobs.delta_writes import idempotent_dml, start_exactly_once
+from spark_jobs.delta_writes import idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.gold import writer
 from spark_jobs.gold.campaign_stats import read_silver_stream
 from spark_jobs.tables import TableSpec, ensure_table
@@ -91,10 +91,17 @@ def ad_attribution(events: DataFrame, max_gap: str) -> DataFrame:
 
 
 def upsert(spark: SparkSession, settings: Settings, attributions: DataFrame) -> None:
+    """MERGE attributions in, a later view replacing an earlier one. Scoped to the clicks'
+    own times (a click's row always has its click's time), so Delta skips the files of
+    other times by their statistics: a batch's cost does not grow with every click ever."""
     from delta.tables import DeltaTable
 
+    bounds = attributions.agg(*time_bounds("click_time")).first()
+    if bounds is None or bounds["first"] is None:
+        return  # no click found a view: a commit that writes nothing costs as much
+    scope = f"t.click_time BETWEEN TIMESTAMP'{bounds['first']}' AND TIMESTAMP'{bounds['last']}'"
     (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")
-        .merge(attributions.alias("s"), "t.click_event_id = s.click_event_id")
+        .merge(attributions.alias("s"), f"{scope} AND t.click_event_id = s.click_event_id")
         .whenMatchedUpdateAll(condition="s.view_time > t.view_time")
         .whenNotMatchedInsertAll()
         .execute())
@@ -103,7 +110,12 @@ def upsert(spark: SparkSession, settings: Settings, attributions: DataFrame) -> 
 def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int, *,
             settings: Settings) -> None:
     with writer.LOCK, idempotent_dml(spark, query_id, batch_id):  # see ``gold.writer``
-        upsert(spark, settings, latest_view_per_click(batch))
+        # Cached: the scope's bounds and the MERGE both read the join's output.
+        attributions = latest_view_per_click(batch).persist()
+        try:
+            upsert(spark, settings, attributions)
+        finally:
+            attributions.unpersist()
 
 
 def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]

@@ -33,7 +33,7 @@ from pyspark.sql.types import (
 
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings, interval_seconds
-from spark_jobs.delta_writes import idempotent_dml, start_exactly_once
+from spark_jobs.delta_writes import idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
 from spark_jobs.tables import TableSpec, ensure_table
@@ -181,13 +181,9 @@ def merge_scopes(events: DataFrame, settings: Settings) -> dict[bool, str]:
 def _time_slices(classified: DataFrame) -> dict[bool, str]:
     """Per class, a predicate on silver that holds every event time of its events: the
     dates (partitions pruned) and ranges of event time (files skipped by statistics)."""
-    shown = "yyyy-MM-dd HH:mm:ss.SSSSSS"  # in the session time zone, as literals are read
-    # Delta keeps timestamp statistics to the millisecond: a millisecond of margin.
-    margin = F.expr("INTERVAL 1 MILLISECOND")
     minutes = (classified
                .groupBy("_on_time", "event_date", F.date_trunc("minute", "event_time"))
-               .agg(F.date_format(F.min("event_time") - margin, shown).alias("first"),
-                    F.date_format(F.max("event_time") + margin, shown).alias("last"))
+               .agg(*time_bounds("event_time"))
                .collect())
     predicates = {}
     for on_time_class in (True, False):
