@@ -73,8 +73,10 @@ def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[N
         spark.conf.unset(TXN_VERSION)
 
 
-# A timestamp as SQL literal text, in the session time zone as literals are read.
-_SHOWN = "yyyy-MM-dd HH:mm:ss.SSSSSS"
+# A timestamp as SQL literal text with its offset: without one, a literal is read in the
+# session time zone, and a time in an hour that a zone repeats in autumn could come back an
+# hour off.
+_SHOWN = "yyyy-MM-dd HH:mm:ss.SSSSSSXXX"
 
 
 def time_bounds(column: str) -> list[Column]:

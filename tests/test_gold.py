@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from spark_jobs.audit import late_by_date
+from spark_jobs.delta_writes import time_bounds
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import event_time_watermarks, late_data
 from spark_jobs.silver import ad_campaigns
@@ -226,3 +227,20 @@ def test_an_attribution_batch_reads_only_the_files_around_its_clicks(spark, sett
     versions = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
     ad_attribution.upsert(spark, settings, attribution_rows(spark, []))
     assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == versions
+
+
+def test_time_bounds_name_the_same_instants_in_any_session_time_zone(spark) -> None:
+    # 06:30 UTC on 2026-11-01 is the second 01:30 in New York (clocks went back from EDT to
+    # EST at 06:00 UTC): as text without an offset it is read back as the first, an hour
+    # earlier, and a scope ending there would miss the batch's last rows.
+    instant = spark.sql("SELECT TIMESTAMP'2026-11-01 06:30:00Z' AS t")
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        bounds = instant.agg(*time_bounds("t")).first()
+        assert spark.sql(
+            f"SELECT TIMESTAMP'{bounds['first']}' = TIMESTAMP'2026-11-01 06:29:59.999Z', "
+            f"TIMESTAMP'{bounds['last']}' = TIMESTAMP'2026-11-01 06:30:00.001Z'").first() == (
+                True, True)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
