@@ -80,9 +80,10 @@ def slimmed(validated: DataFrame) -> DataFrame:
     it came from) emptied for the valid records: only quarantine reads them, for the
     rejected. Cached whole, a batch's raw text cost three times its validation."""
     rejected = F.col("reason").isNotNull()
-    bronze_only = set(bronze.SCHEMA.fieldNames()) - set(SCHEMA.fieldNames())
+    kept = set(SCHEMA.fieldNames())
     return validated.select(*[
-        F.when(rejected, F.col(name)).alias(name) if name in bronze_only else name
+        name if name in kept or name not in bronze.SCHEMA.fieldNames()
+        else F.when(rejected, F.col(name)).alias(name)
         for name in validated.columns])
 
 
