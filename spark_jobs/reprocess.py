@@ -287,9 +287,9 @@ def replay_quarantine(spark: SparkSession, settings: Settings, rules: Rules,
         if by_reason and not dry_run:
             def write() -> None:
                 ensure_table(spark, settings, silver.TABLE)
-                deliveries = silver.first_deliveries(passing)
-                silver.insert_new_events(spark, settings, deliveries)
-                silver.adopt_earlier_deliveries(spark, settings, deliveries)
+                silver.insert_new_events(spark, settings, passing)
+                silver.adopt_earlier_deliveries(spark, settings,
+                                                silver.first_deliveries(passing))
                 _move_out_of_quarantine(spark, settings, passing.select("bronze_id"))
 
             retry_on_conflict(write, "quarantine replay")

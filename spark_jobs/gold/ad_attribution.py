@@ -97,7 +97,7 @@ def upsert(spark: SparkSession, settings: Settings, attributions: DataFrame) -> 
     from delta.tables import DeltaTable
 
     bounds = attributions.agg(*time_bounds("click_time")).first()
-    if bounds is None or bounds["first"] is None:
+    if bounds["first"] is None:
         return  # no click found a view: a commit that writes nothing costs as much
     scope = f"t.click_time BETWEEN TIMESTAMP'{bounds['first']}' AND TIMESTAMP'{bounds['last']}'"
     (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")

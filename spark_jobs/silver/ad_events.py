@@ -80,11 +80,9 @@ def slimmed(validated: DataFrame) -> DataFrame:
     it came from) emptied for the valid records: only quarantine reads them, for the
     rejected. Cached whole, a batch's raw text cost three times its validation."""
     rejected = F.col("reason").isNotNull()
-    kept = set(SCHEMA.fieldNames())
-    return validated.select(*[
-        name if name in kept or name not in bronze.SCHEMA.fieldNames()
-        else F.when(rejected, F.col(name)).alias(name)
-        for name in validated.columns])
+    bronze_only = set(bronze.SCHEMA.fieldNames()) - set(SCHEMA.fieldNames())
+    return validated.select(*[F.when(rejected, F.col(name)).alias(name) if name in bronze_only
+                              else name for name in validated.columns])
 
 
 # Which of an event's deliveries comes first: the earliest ingested, then the lowest bronze id.
@@ -106,9 +104,10 @@ def first_deliveries(events: DataFrame) -> DataFrame:
 MAX_TIME_SLICES = 32
 
 
-def insert_new_events(spark: SparkSession, settings: Settings, events: DataFrame, *,
+def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataFrame, *,
                       app_id: str | None = None, version: int = 0) -> None:
-    """Insert the events whose event_id silver does not hold yet (events are distinct).
+    """Insert the first delivery (``first_deliveries``) of each event whose event_id silver
+    does not hold yet.
 
     Two insert-only MERGEs: the *on-time* events (event time within ``watermark_delay`` of
     their ingestion, the bulk of a feed) and the others (late, or early by clock skew). So
@@ -119,12 +118,17 @@ def insert_new_events(spark: SparkSession, settings: Settings, events: DataFrame
     """
     from delta.tables import DeltaTable
 
-    classified = _classified(events, settings).persist()
+    # The scopes come from every delivery, which holds each first delivery's time and
+    # class, without waiting for the deduplication; a batch of one class then deduplicates
+    # once, inside its MERGE, and only a batch with both caches its first deliveries.
+    slices = _time_slices(_classified(deliveries, settings))
+    classified = _classified(first_deliveries(deliveries), settings)
+    if len(slices) > 1:
+        classified = classified.persist()
     try:
-        slices = _time_slices(classified)
         target = DeltaTable.forPath(spark, TABLE.path(settings))
         for on_time_class, name in ((True, "on-time"), (False, "others")):
-            if not slices.get(on_time_class):
+            if on_time_class not in slices:
                 continue
             source = classified.where(F.col("_on_time") == on_time_class).drop("_on_time")
             merge = (target.alias("t")
@@ -218,8 +222,8 @@ def process(spark: SparkSession, bronze_rows: DataFrame, app_id: str,
     validated = slimmed(validate(bronze_rows, Rules.from_settings(settings))).persist()
     try:
         quarantine.append(validated, settings, app_id, version)
-        insert_new_events(spark, settings, first_deliveries(accepted(validated)),
-                          app_id=app_id, version=version)
+        insert_new_events(spark, settings, accepted(validated), app_id=app_id,
+                          version=version)
     finally:
         validated.unpersist()
 
