@@ -10,7 +10,10 @@ through:
   root, each layer's rate taken from its own ``ops.stream_progress`` rows (records read
   over the time its micro-batches took);
 - **a reprocess of one day** after it: the busiest event date rebuilt as ``lakehouse
-  reprocess --from D --to D`` does, in silver rows per second.
+  reprocess --from D --to D`` does, in silver rows per second;
+- **the Yahoo Streaming Benchmark's query** (views per campaign per 10-second window): the
+  gold ``campaign_stats`` job, its window set to 10 seconds, over the pipeline's silver, in
+  events per second and per core.
 
 All three use the project's own Spark settings and session, so the ratios bronze/C0 and
 silver/C1 say what the pipeline's own work costs on this machine, whatever its speed.
@@ -18,6 +21,7 @@ silver/C1 say what the pipeline's own work costs on this machine, whatever its s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import statistics
@@ -31,9 +35,11 @@ from pyspark.sql import functions as F
 
 from spark_jobs import streaming
 from spark_jobs.config import Settings
+from spark_jobs.gold import campaign_stats
 from spark_jobs.gold import writer as gold_writer
 from spark_jobs.ops import stream_progress
 from spark_jobs.reprocess import DateRange, rebuild_silver
+from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver.validation import Rules
 
@@ -42,6 +48,7 @@ C1_SCHEMA = ("event_id string, event_time string, event_type string, ad_id strin
              "user_id string, page_id string, ad_type string, ip_address string, price string")
 LAYER_QUERIES = {"bronze": ("bronze_ad_events",), "silver": ("silver_ad_events",),
                  "gold": ("gold_campaign_stats", "gold_ad_attribution")}
+YSB_WINDOW = "10 seconds"
 
 
 def _timed(action: Callable[[], object]) -> float:
@@ -109,6 +116,21 @@ def reprocess_day(spark: SparkSession, settings: Settings) -> dict[str, Any]:
             "seconds": round(seconds, 2), "rows_per_second": round(busiest["count"] / seconds)}
 
 
+def ysb_query(spark: SparkSession, settings: Settings) -> float:
+    """Silver's events through the gold ``campaign_stats`` job with YSB's 10-second window,
+    on a copy of the pipeline's silver and campaigns; events per second of its batches."""
+    ysb = dataclasses.replace(settings, root=settings.root.parent / "ysb",
+                              window_duration=YSB_WINDOW)
+    shutil.rmtree(ysb.root, ignore_errors=True)
+    for table in (silver.TABLE, ad_campaigns.TABLE):
+        shutil.copytree(table.path(settings), table.path(ysb))
+    query = campaign_stats.start(spark, ysb, {"availableNow": True})
+    query.awaitTermination()
+    batches = [progress for progress in query.recentProgress if progress["numInputRows"]]
+    return (sum(progress["numInputRows"] for progress in batches)
+            / sum(progress["durationMs"]["triggerExecution"] / 1000 for progress in batches))
+
+
 def run(spark: SparkSession, settings: Settings, corpus: Path, records: int,
         repetitions: int) -> dict[str, Any]:
     """C0, C1 and the pipeline, ``repetitions`` times interleaved; medians and ranges."""
@@ -116,7 +138,8 @@ def run(spark: SparkSession, settings: Settings, corpus: Path, records: int,
     scratch = settings.root.parent / "ceilings"
     ceiling_c0(spark, landing, scratch / "warm-up")  # JIT and file cache, not measured
     samples: dict[str, list[float]] = {"C0": [], "C1": [], "bronze": [], "silver": [],
-                                       "gold": [], "pipeline": [], "reprocess_day": []}
+                                       "gold": [], "pipeline": [], "reprocess_day": [],
+                                       "ysb_query": []}
     for _ in range(repetitions):
         samples["C0"].append(records / ceiling_c0(spark, landing, scratch / "c0"))
         samples["C1"].append(records / ceiling_c1(spark, landing, scratch / "c1"))
@@ -124,6 +147,7 @@ def run(spark: SparkSession, settings: Settings, corpus: Path, records: int,
         for layer, figures in measured["layers"].items():
             samples[layer].append(figures["rows_per_second"])
         samples["pipeline"].append(records / measured["wall_seconds"])
+        samples["ysb_query"].append(ysb_query(spark, settings))
         samples["reprocess_day"].append(reprocess_day(spark, settings)["rows_per_second"])
     rates = {name: {"median": round(statistics.median(values)), "min": round(min(values)),
                     "max": round(max(values))} for name, values in samples.items()}
@@ -131,6 +155,8 @@ def run(spark: SparkSession, settings: Settings, corpus: Path, records: int,
         "records": records, "repetitions": repetitions, "rows_per_second": rates,
         "ratios": {"bronze/C0": round(rates["bronze"]["median"] / rates["C0"]["median"], 2),
                    "silver/C1": round(rates["silver"]["median"] / rates["C1"]["median"], 2)},
+        "ysb_query_events_per_second_per_core": round(rates["ysb_query"]["median"]
+                                                      / (os.cpu_count() or 1)),
         "targets": {"bronze/C0": 0.8, "silver/C1": 0.5, "pipeline_rows_per_second": 15_000},
     }
 
@@ -143,4 +169,6 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"{name:<14}{rate['median']:>10,}{rate['min']:>11,} - {rate['max']:<9,}")
     lines.append("ratios: " + ", ".join(f"{name} {value}"
                                         for name, value in results["ratios"].items()))
+    lines.append(f"YSB query: {results['ysb_query_events_per_second_per_core']:,} events/s "
+                 f"per core")
     return "\n".join(lines)
