@@ -120,7 +120,9 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
 
     # The scopes come from every delivery, which holds each first delivery's time and
     # class, without waiting for the deduplication; a batch of one class then deduplicates
-    # once, inside its MERGE, and only a batch with both caches its first deliveries.
+    # once, inside its MERGE, and only a batch with both caches its first deliveries. (A
+    # later delivery of another class than its event's first, rare, only widens a scope or
+    # adds a MERGE that inserts nothing.)
     slices = _time_slices(_classified(deliveries, settings))
     classified = _classified(first_deliveries(deliveries), settings)
     if len(slices) > 1:
