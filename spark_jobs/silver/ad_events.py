@@ -123,7 +123,7 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
     # once, inside its MERGE, and only a batch with both caches its first deliveries. (A
     # later delivery of another class than its event's first, rare, only widens a scope or
     # adds a MERGE that inserts nothing.)
-    slices = _time_slices(_classified(deliveries, settings))
+    slices = merge_scopes(deliveries, settings)
     classified = _classified(first_deliveries(deliveries), settings)
     if len(slices) > 1:
         classified = classified.persist()
