@@ -10,15 +10,23 @@ could not share.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spark_jobs.config import Settings
+from spark_jobs.delta_writes import retry_on_conflict
 
 if TYPE_CHECKING:
+    from delta.tables import DeltaTableBuilder
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructField, StructType
+
+# A table another job is creating exists within moments; this many looks, 0.5 s apart and
+# growing, before its folder is reported as foreign.
+CREATE_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -63,9 +71,27 @@ def ensure_table(spark: SparkSession, settings: Settings, spec: TableSpec) -> No
                .partitionedBy(*spec.partitioned_by))
     for key, value in spec.table_properties.items():
         builder = builder.property(key, value)
-    builder.execute()
+    _create_once(builder, spec)
     _register(spark, settings, spec)
     _remember(settings, spec)
+
+
+def _create_once(builder: DeltaTableBuilder, spec: TableSpec) -> None:
+    """Jobs starting together (the streams and a validation) race to create a table: the
+    loser sees the winner's first commit as a conflict, or its folder before that commit as
+    "not empty and not a Delta table". Either way, a moment later its retry finds the
+    winner's table and writes nothing; a folder that stays foreign is still refused."""
+    from pyspark.errors import AnalysisException
+
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        try:
+            retry_on_conflict(builder.execute, f"create {spec.name}")
+            return
+        except AnalysisException as error:
+            if (error.getCondition() != "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION"
+                    or attempt == CREATE_ATTEMPTS):
+                raise
+            time.sleep(0.5 * attempt)
 
 
 def register_existing(spark: SparkSession, settings: Settings) -> list[str]:
@@ -106,12 +132,18 @@ def read(spark: SparkSession, settings: Settings, spec: TableSpec) -> DataFrame:
     return spark.read.format("delta").load(spec.path(settings))
 
 
+# The driver's threads (its streams' batches, a job's workers) share one session catalog,
+# in which re-pointing a name is two statements.
+_CATALOG_LOCK = threading.Lock()
+
+
 def _register(spark: SparkSession, settings: Settings, spec: TableSpec) -> None:
     """(Re)point the name at this root's table. The registration is external: dropping it
     forgets the name, never the data."""
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {spec.name.split('.')[0]}")
-    spark.sql(f"DROP TABLE IF EXISTS {spec.name}")
-    spark.sql(f"CREATE TABLE {spec.name} USING DELTA LOCATION '{spec.path(settings)}'")
+    with _CATALOG_LOCK:
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS {spec.name.split('.')[0]}")
+        spark.sql(f"DROP TABLE IF EXISTS {spec.name}")
+        spark.sql(f"CREATE TABLE {spec.name} USING DELTA LOCATION '{spec.path(settings)}'")
 
 
 def _remember(settings: Settings, spec: TableSpec) -> None:

@@ -1,5 +1,8 @@
-"""Table helpers: rows the driver holds become a DataFrame without Python workers."""
+"""Table helpers: rows the driver holds become a DataFrame without Python workers; tables
+are created once however many jobs start at the same moment."""
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
@@ -13,7 +16,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs.tables import local_rows
+from spark_jobs import delta_reader
+from spark_jobs.bronze import ad_events as bronze
+from spark_jobs.tables import ensure_table, local_rows
+from tests.conftest import make_settings
 
 SCHEMA = StructType([
     StructField("name", StringType(), False),
@@ -41,3 +47,27 @@ def test_no_rows_is_an_empty_frame_of_the_schema(spark) -> None:
     frame = local_rows(spark, [], SCHEMA)
     assert frame.count() == 0
     assert frame.schema.fieldNames() == SCHEMA.fieldNames()
+
+
+def test_jobs_starting_together_create_a_table_once_and_none_fails(spark, tmp_path) -> None:
+    """``make run`` starts the streams and the first validation at one moment, and each
+    creates the tables it needs. CREATEs of one empty folder race for its first commit: a
+    loser saw the winner's protocol change (ProtocolChangedException), or its folder before
+    that commit as "not a Delta table", and the validation failed until its retry minutes
+    later. Eight creators at once, in four rounds, each a fresh folder."""
+    creators = 8
+    with ThreadPoolExecutor(creators) as pool:
+        for round_ in range(4):
+            settings = make_settings(tmp_path / f"round-{round_}")
+            start = threading.Barrier(creators)
+            created = [pool.submit(_create_after, start, spark, settings)
+                       for _ in range(creators)]
+            for creation in created:
+                creation.result()  # raises what the creator raised
+            # One CREATE commit: the others found the table and wrote nothing.
+            assert delta_reader.latest_version(bronze.TABLE.path(settings)) == 0
+
+
+def _create_after(start: threading.Barrier, spark, settings) -> None:
+    start.wait()
+    ensure_table(spark, settings, bronze.TABLE)
