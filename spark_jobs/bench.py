@@ -1,6 +1,7 @@
 """``make bench``: the pipeline against its ceilings, and what maintenance buys.
 
-The pipeline part is ``spark_jobs.pipeline_bench``. The maintenance part writes silver and
+The pipeline part is ``spark_jobs.pipeline_bench``; the feed part (sustained rate and
+latency behind a live feed) is ``spark_jobs.feed_bench``. The maintenance part writes silver and
 gold as a stream with many short triggers would (one small append per micro-batch), times
 two selective queries (one ``ad_id`` over a week of silver, one campaign over one day of
 gold), runs ``lakehouse maintain``'s OPTIMIZE, and times them again. A third copy is
@@ -26,7 +27,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs import config, growth_bench, pipeline_bench
+from spark_jobs import config, feed_bench, growth_bench, pipeline_bench
 from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import campaign_stats
 from spark_jobs.maintenance import optimize
@@ -38,7 +39,8 @@ MICRO_BATCHES = 150
 EVENTS_PER_BATCH = 2_000
 CAMPAIGNS, DAYS = 40, 7
 REPEATS = 5
-PARTS = ("pipeline", "growth", "maintenance")
+FEED_START_SHARE, FEED_START_RATE = 0.6, 6_000
+PARTS = ("pipeline", "feed", "growth", "maintenance")
 
 
 def silver_batch(spark: SparkSession, batch: int) -> DataFrame:
@@ -149,6 +151,16 @@ def corpus(root: Path, events: int) -> int:
     return counts.delivered
 
 
+def _feed_start_rate(results: dict[str, object]) -> float:
+    """A continuous feed pays each micro-batch's fixed cost many times over: start below
+    the rate at which the pipeline caught up with a backlog in one batch per layer."""
+    pipeline = results.get("pipeline")
+    if not isinstance(pipeline, dict):
+        return FEED_START_RATE
+    backlog_rate = pipeline["rows_per_second"]["pipeline"]["median"]
+    return max(round(backlog_rate * FEED_START_SHARE, -3), 1_000)
+
+
 def machine() -> dict[str, object]:
     import pyspark
 
@@ -168,6 +180,10 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--growth-rows", type=int, default=10_000_000,
                         help="rows already in silver for the growth measurement")
+    parser.add_argument("--feed-rate", type=float,
+                        help="events a second of the first sustained trial (default: "
+                        f"{FEED_START_SHARE:.0%} of the pipeline's backlog rate, measured "
+                        f"first, or {FEED_START_RATE:,})")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated, among {', '.join(PARTS)}")
     args = parser.parse_args()
@@ -185,6 +201,10 @@ def main() -> None:
             records = corpus(root / "corpus", args.events)
             results["pipeline"] = pipeline_bench.run(spark, settings, root / "corpus",
                                                      records, args.repetitions)
+        if "feed" in parts:
+            results["feed"] = feed_bench.run(
+                spark, settings.replace(root=root / "feed"), root / "feed-pool",
+                args.feed_rate or _feed_start_rate(results))
         if "growth" in parts:
             results["growth"] = growth_bench.run(spark, config.load({"root": root / "growth"}),
                                                  args.growth_rows, args.repetitions)
@@ -195,7 +215,8 @@ def main() -> None:
     args.results.mkdir(parents=True, exist_ok=True)
     output = args.results / f"bench-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    for part, show in (("pipeline", pipeline_bench.render), ("growth", growth_bench.render),
+    for part, show in (("pipeline", pipeline_bench.render), ("feed", feed_bench.render),
+                       ("growth", growth_bench.render),
                        ("maintenance", render)):
         if part in results:
             print(show(results[part]))

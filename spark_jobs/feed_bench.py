@@ -1,0 +1,256 @@
+"""Sustained rate and latency: every layer running continuously behind a live feed.
+
+One driver runs bronze, silver and gold continuously at the project's trigger interval
+(``streaming.run_continuously``, as ``make run`` does) while a feed lands files of
+``FILE_EVENTS`` events in the landing zone at a steady rate. A monitor notes when each file
+landed and, at every new version of ``gold.campaign_stats``, how many events its windows
+count; since the files are processed in order, a file's latency is the time from its
+landing until gold first counts every event up to and including it.
+
+The feed is clean (every record valid, distinct and on time, made by the generator with
+its mess set to zero), so each record is counted in gold exactly once and its arrival can
+be counted; the messy corpus is the pipeline part's. The files are generated before the
+trials, so the feed costs the machine nothing while it is measured.
+
+- **Sustained rate**: a trial feeds ``rate`` events a second for ``SUSTAIN_SECONDS``. The
+  streams keep up when the backlog (events landed and not yet in gold, in seconds of feed)
+  never exceeds ``MAX_BACKLOG_SECONDS``, latency does not grow (the slope of latency
+  against landing time, after the first minute, is at most ``MAX_SLOPE``: gold counts at
+  least 95% of the feed rate), and gold holds every event within ``MAX_BACKLOG_SECONDS`` of
+  the last landing. A steady backlog is kept up with; a growing one is not. A trial that falls
+  behind stops early. The first trial runs at the start rate; the second 25% above it if
+  the first kept up, 20% below if not: the highest rate kept up and the lowest not kept up
+  bracket the sustained rate.
+- **Latency**: a third of the sustained rate for ``LATENCY_SECONDS``; p50 and p99 of the
+  latencies of the files landed after the first ``WARM_UP_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from spark_jobs import delta_reader, streaming
+from spark_jobs.config import Settings
+from spark_jobs.generator import EventGenerator, ExpectedCounts, Mess
+from spark_jobs.gold import campaign_stats
+from spark_jobs.ops import heartbeat
+
+FILE_EVENTS = 1_000
+SUSTAIN_SECONDS = 300
+LATENCY_SECONDS = 180
+MAX_BACKLOG_SECONDS = 120.0
+MAX_SLOPE = 0.05  # seconds of latency gained per second of feed
+# The first batches pay for planning, JIT and table creation: files landed this early are
+# in neither the slope nor the latencies.
+WARM_UP_SECONDS = 60
+STEP_UP, STEP_DOWN = 1.25, 0.8
+POLL_SECONDS = 0.25
+CLEAN = Mess(**{knob.name: 0.0 for knob in dataclasses.fields(Mess)})
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Generated feed files, in landing order, and the campaign mapping their ads need."""
+
+    files: list[Path]
+    campaigns: list[Path]
+
+
+def clean_pool(folder: Path, events: int, pace: float) -> Pool:
+    """``events`` clean events in files of ``FILE_EVENTS``; event time advances ``pace``
+    events a second of event time, ending about now."""
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "events").mkdir(parents=True)
+    (folder / "campaigns").mkdir()
+    count = -(-events // FILE_EVENTS)
+    start = datetime.now(UTC)
+    generator = EventGenerator(seed=13, start=start, mess=CLEAN)
+    campaigns = []
+    for number, mapping in enumerate(generator.campaign_mappings()):
+        path = folder / "campaigns" / f"campaigns-{number}.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in mapping), encoding="utf-8")
+        campaigns.append(path)
+    files = []
+    for number in range(count):
+        now = start + timedelta(seconds=number * FILE_EVENTS / pace)
+        lines = list(generator.records(FILE_EVENTS, now, ExpectedCounts()))
+        content, extension = generator.file_bytes(lines)
+        path = folder / "events" / f"feed-{number:06d}{extension}"
+        path.write_bytes(content)
+        files.append(path)
+    return Pool(files, campaigns)
+
+
+@dataclass
+class Observations:
+    """What the monitor saw: landings as (time, events landed so far) and gold versions as
+    (time, events counted so far)."""
+
+    landed: list[tuple[float, int]] = field(default_factory=list)
+    counted: list[tuple[float, int]] = field(default_factory=list)
+
+    def backlog_seconds(self, rate: float) -> float:
+        landed = self.landed[-1][1] if self.landed else 0
+        counted = self.counted[-1][1] if self.counted else 0
+        return max(landed - counted, 0) / rate
+
+    def latencies(self) -> list[tuple[float, float]]:
+        """(landing time, latency) of every file gold has counted whole."""
+        result, position = [], 0
+        for landed_at, events in self.landed:
+            while position < len(self.counted) and self.counted[position][1] < events:
+                position += 1
+            if position == len(self.counted):
+                break
+            result.append((landed_at, self.counted[position][0] - landed_at))
+        return result
+
+
+def _land(pool: Pool, landing: Path, rate: float, seconds: float, seen: Observations,
+          stop: threading.Event) -> None:
+    """Hard-link pool files into the landing zone (atomic, and nothing copied) on time."""
+    landing.mkdir(parents=True, exist_ok=True)
+    files = pool.files[:max(int(rate * seconds) // FILE_EVENTS, 1)]
+    started = time.monotonic()
+    for number, path in enumerate(files):
+        due = started + number * FILE_EVENTS / rate
+        if stop.wait(max(due - time.monotonic(), 0)):
+            return
+        os.link(path, landing / path.name)
+        seen.landed.append((time.time(), (number + 1) * FILE_EVENTS))
+
+
+def _gold_events(path: str) -> int:
+    import pyarrow.compute as pc
+
+    table = delta_reader.read_arrow(path, ["views", "clicks", "purchases"])
+    return sum(int(pc.sum(table[column]).as_py() or 0) for column in table.column_names)
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    if len(points) < 3:
+        return 0.0
+    return statistics.linear_regression([p[0] for p in points], [p[1] for p in points]).slope
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(share * len(ordered)), len(ordered) - 1)]
+
+
+def trial(spark: SparkSession, settings: Settings, pool: Pool, rate: float,
+          seconds: float) -> dict[str, Any]:
+    """``rate`` events a second for ``seconds`` on a fresh root, every layer streaming."""
+    shutil.rmtree(settings.root, ignore_errors=True)
+    settings.landing_campaigns.mkdir(parents=True)
+    for mapping in pool.campaigns:
+        shutil.copy(mapping, settings.landing_campaigns / mapping.name)
+    stop_streams, stop_feed = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def stream() -> None:
+        try:
+            streaming.run_continuously(spark, settings, list(streaming.LAYERS),
+                                       settings.trigger_interval, stop_streams)
+        except BaseException as error:  # reported by the trial, not lost in a thread
+            failure.append(error)
+
+    streams = threading.Thread(target=stream, name="feed-bench-streams")
+    streams.start()
+    seen = Observations()
+    gold = campaign_stats.TABLE.path(settings)
+    try:
+        _wait(lambda: heartbeat.health(settings).running or failure, "the streams to start")
+        feed = threading.Thread(target=_land, name="feed-bench-feed", args=(
+            pool, settings.landing_events, rate, seconds, seen, stop_feed))
+        feed.start()
+        version, verdict, max_backlog = -1, None, 0.0
+        while not failure:
+            if delta_reader.is_delta_table(gold) and (
+                    latest := delta_reader.latest_version(gold)) != version:
+                version = latest
+                seen.counted.append((time.time(), _gold_events(gold)))
+            max_backlog = max(max_backlog, seen.backlog_seconds(rate))
+            if max_backlog > MAX_BACKLOG_SECONDS:
+                verdict = f"backlog over {MAX_BACKLOG_SECONDS:g} s of feed"
+                break
+            if not feed.is_alive() and seen.backlog_seconds(rate) == 0:
+                break
+            if not feed.is_alive() and time.time() - seen.landed[-1][0] > MAX_BACKLOG_SECONDS:
+                verdict = f"gold lacked events {MAX_BACKLOG_SECONDS:g} s after the last landing"
+                break
+            time.sleep(POLL_SECONDS)
+    finally:
+        stop_feed.set()
+        stop_streams.set()
+        streams.join()
+    if failure:
+        raise RuntimeError("a stream failed during the feed trial") from failure[0]
+    first_landing = seen.landed[0][0]
+    warm = [p for p in seen.latencies() if p[0] - first_landing >= WARM_UP_SECONDS]
+    slope = _slope(warm)
+    if verdict is None and slope > MAX_SLOPE:
+        verdict = f"latency grew {slope:.2f} s per second of feed"
+    values = [latency for _, latency in warm]
+    return {
+        "rate": round(rate), "seconds_fed": round(seen.landed[-1][0] - first_landing),
+        "events_landed": seen.landed[-1][1], "kept_up": verdict is None,
+        "fell_behind": verdict, "max_backlog_seconds": round(max_backlog, 1),
+        "latency_slope": round(slope, 3),
+        "latency_seconds": {"p50": round(_percentile(values, 0.5), 1),
+                            "p99": round(_percentile(values, 0.99), 1),
+                            "max": round(max(values), 1), "files": len(values)}
+        if values else None,
+    }
+
+
+def _wait(condition: Any, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(POLL_SECONDS)
+
+
+def run(spark: SparkSession, settings: Settings, scratch: Path, start_rate: float
+        ) -> dict[str, Any]:
+    """Two sustained trials bracketing the sustained rate, then latency at a third of it."""
+    pool = clean_pool(scratch / "pool", int(start_rate * STEP_UP * SUSTAIN_SECONDS),
+                      start_rate)
+    first = trial(spark, settings, pool, start_rate, SUSTAIN_SECONDS)
+    second = trial(spark, settings, pool,
+                   start_rate * (STEP_UP if first["kept_up"] else STEP_DOWN), SUSTAIN_SECONDS)
+    trials = [first, second]
+    kept = [t["rate"] for t in trials if t["kept_up"]]
+    behind = [t["rate"] for t in trials if not t["kept_up"]]
+    sustained = max(kept) if kept else None
+    latency = trial(spark, settings, pool, (sustained or min(behind)) / 3, LATENCY_SECONDS)
+    return {"file_events": FILE_EVENTS, "trigger_interval": settings.trigger_interval,
+            "sustained_events_per_second": sustained,
+            "not_sustained_events_per_second": min(behind) if behind else None,
+            "trials": trials, "latency": latency,
+            "targets": {"sustained_events_per_second": 15_000, "p99_latency_seconds": 15}}
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = ["| feed trial | events/s | kept up | max backlog | latency p50 | p99 |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    named = [(f"sustained {n + 1}", t) for n, t in enumerate(results["trials"])]
+    for name, t in [*named, ("latency", results["latency"])]:
+        latency = t["latency_seconds"] or {"p50": "-", "p99": "-"}
+        lines.append(f"| {name} | {t['rate']:,} | {'yes' if t['kept_up'] else t['fell_behind']}"
+                     f" | {t['max_backlog_seconds']} s | {latency['p50']} s "
+                     f"| {latency['p99']} s |")
+    return "\n".join(lines)
