@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 # A table another job is creating exists within moments; this many looks, 0.5 s apart and
 # growing, before its folder is reported as foreign.
 CREATE_ATTEMPTS = 5
+# What a table being created by another job looks like before its first commit.
+CREATING = frozenset({"DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "DELTA_TABLE_NOT_FOUND"})
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,10 @@ def ensure_table(spark: SparkSession, settings: Settings, spec: TableSpec) -> No
 
 def _create_once(builder: DeltaTableBuilder, spec: TableSpec) -> None:
     """Jobs starting together (the streams and a validation) race to create a table: the
-    loser sees the winner's first commit as a conflict, or its folder before that commit as
-    "not empty and not a Delta table". Either way, a moment later its retry finds the
-    winner's table and writes nothing; a folder that stays foreign is still refused."""
+    loser sees the winner's first commit as a conflict, or the winner's folder before that
+    commit, as "not empty and not a Delta table" or as a log without a table. Each way, a
+    moment later its retry finds the winner's table and writes nothing; a folder that stays
+    foreign is still refused."""
     from pyspark.errors import AnalysisException
 
     for attempt in range(1, CREATE_ATTEMPTS + 1):
@@ -88,8 +91,7 @@ def _create_once(builder: DeltaTableBuilder, spec: TableSpec) -> None:
             retry_on_conflict(builder.execute, f"create {spec.name}")
             return
         except AnalysisException as error:
-            if (error.getCondition() != "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION"
-                    or attempt == CREATE_ATTEMPTS):
+            if error.getCondition() not in CREATING or attempt == CREATE_ATTEMPTS:
                 raise
             time.sleep(0.5 * attempt)
 

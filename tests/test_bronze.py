@@ -1,4 +1,6 @@
 import gzip
+import os
+import time
 from pathlib import Path
 
 from spark_jobs import delta_reader, streaming
@@ -79,3 +81,17 @@ def test_bronze_is_readable_by_another_delta_reader_and_by_name(spark, settings)
     assert delta_reader.read_arrow(bronze.TABLE.path(settings)).num_rows == 2
     assert spark.sql("SELECT count(*) AS n FROM bronze.ad_events").first().n == 2
     assert "bronze.ad_events" in (Path(settings.root) / "catalog.sql").read_text()
+
+
+def test_a_file_delivered_with_an_old_modification_time_is_still_ingested(spark, settings
+                                                                          ) -> None:
+    """Issue 15: a backfill copied into the landing zone with its modification times kept
+    (``cp -p``, ``rsync -a``) after newer files were read. Spark's file source skipped,
+    without a word, files older than ``maxFileAge`` (7 days) behind the newest it had seen."""
+    land(settings, "today.jsonl", b'{"n":1}\n')
+    streaming.run_available_now(spark, settings, ["bronze"])
+    land(settings, "backfill-2026-10.jsonl", b'{"n":2}\n')
+    a_month_ago = time.time() - 30 * 86_400
+    os.utime(settings.landing_events / "backfill-2026-10.jsonl", (a_month_ago, a_month_ago))
+    streaming.run_available_now(spark, settings, ["bronze"])
+    assert sorted(row.raw for row in bronze_rows(spark, settings)) == ['{"n":1}', '{"n":2}']

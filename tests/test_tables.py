@@ -53,8 +53,9 @@ def test_jobs_starting_together_create_a_table_once_and_none_fails(spark, tmp_pa
     """``make run`` starts the streams and the first validation at one moment, and each
     creates the tables it needs. CREATEs of one empty folder race for its first commit: a
     loser saw the winner's protocol change (ProtocolChangedException), or its folder before
-    that commit as "not a Delta table", and the validation failed until its retry minutes
-    later. Eight creators at once, in four rounds, each a fresh folder."""
+    that commit as "not a Delta table" or as a log without a table (DELTA_TABLE_NOT_FOUND),
+    and the validation failed until its retry minutes later. Eight creators at once, in
+    four rounds, each a fresh folder."""
     creators = 8
     with ThreadPoolExecutor(creators) as pool:
         for round_ in range(4):

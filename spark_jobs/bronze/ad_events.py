@@ -21,6 +21,7 @@ from pyspark.sql.types import (
 )
 
 from spark_jobs.config import ConfigError, Settings
+from spark_jobs.landing import whole_files
 from spark_jobs.tables import TableSpec, ensure_table
 
 if TYPE_CHECKING:
@@ -100,16 +101,6 @@ def lines_from_files(files: DataFrame) -> DataFrame:
     )
 
 
-def read_landing(spark: SparkSession, settings: Settings) -> DataFrame:
-    settings.landing_events.mkdir(parents=True, exist_ok=True)
-    return (spark.readStream.format("text")
-            .option("wholetext", "true")
-            .option("pathGlobFilter", LANDING_GLOB)
-            .option("maxFilesPerTrigger", settings.max_files_per_trigger)
-            .load(str(settings.landing_events))
-            .select("value", F.col("_metadata.file_path").alias("file_path")))
-
-
 def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
           ) -> StreamingQuery:
     """Landing zone to bronze. The file source's checkpoint and Delta's idempotent sink
@@ -120,7 +111,9 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
                           f"built so far; the Kafka reader is not")
     ensure_table(spark, settings, TABLE)
     # The source counts files (each is read whole); the records are counted on the way.
-    records = lines_from_files(read_landing(spark, settings)).observe(
+    files = whole_files(spark, settings.landing_events, LANDING_GLOB,
+                        settings.max_files_per_trigger)
+    records = lines_from_files(files).observe(
         RECORDS_METRIC, F.count(F.lit(1)).alias("rows"))
     return (records.writeStream
             .queryName(QUERY_NAME)

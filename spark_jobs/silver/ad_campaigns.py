@@ -19,6 +19,7 @@ from spark_jobs import reasons
 from spark_jobs.bronze.ad_events import lines_from_files
 from spark_jobs.config import Settings
 from spark_jobs.delta_writes import idempotent_append_options, start_exactly_once
+from spark_jobs.landing import whole_files
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import parse_event_time
 from spark_jobs.tables import TableSpec, ensure_table
@@ -108,10 +109,5 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
           ) -> StreamingQuery:
     for table in (TABLE, quarantine.TABLE):
         ensure_table(spark, settings, table)
-    settings.landing_campaigns.mkdir(parents=True, exist_ok=True)
-    new_files = (spark.readStream.format("text")
-                 .option("wholetext", "true")
-                 .option("pathGlobFilter", "*.jsonl")
-                 .load(str(settings.landing_campaigns))
-                 .select("value", F.col("_metadata.file_path").alias("file_path")))
+    new_files = whole_files(spark, settings.landing_campaigns, "*.jsonl")
     return start_exactly_once(new_files, settings, QUERY_NAME, process, trigger)
