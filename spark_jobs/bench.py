@@ -151,14 +151,14 @@ def corpus(root: Path, events: int) -> int:
     return counts.delivered
 
 
-def _feed_start_rate(results: dict[str, object]) -> float:
+def _feed_start_rate(results: dict[str, object]) -> int:
     """A continuous feed pays each micro-batch's fixed cost many times over: start below
     the rate at which the pipeline caught up with a backlog in one batch per layer."""
     pipeline = results.get("pipeline")
     if not isinstance(pipeline, dict):
         return FEED_START_RATE
     backlog_rate = pipeline["rows_per_second"]["pipeline"]["median"]
-    return max(round(backlog_rate * FEED_START_SHARE, -3), 1_000)
+    return max(int(round(backlog_rate * FEED_START_SHARE, -3)), 1_000)
 
 
 def machine() -> dict[str, object]:
@@ -180,7 +180,7 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--growth-rows", type=int, default=10_000_000,
                         help="rows already in silver for the growth measurement")
-    parser.add_argument("--feed-rate", type=float,
+    parser.add_argument("--feed-rate", type=int,
                         help="events a second of the first sustained trial (default: "
                         f"{FEED_START_SHARE:.0%} of the pipeline's backlog rate, measured "
                         f"first, or {FEED_START_RATE:,})")
@@ -202,8 +202,9 @@ def main() -> None:
             results["pipeline"] = pipeline_bench.run(spark, settings, root / "corpus",
                                                      records, args.repetitions)
         if "feed" in parts:
+            # The project's own settings (trigger, files per trigger), as make run has them.
             results["feed"] = feed_bench.run(
-                spark, settings.replace(root=root / "feed"), root / "feed-pool",
+                spark, config.load({"root": root / "feed"}), root / "feed-pool",
                 args.feed_rate or _feed_start_rate(results))
         if "growth" in parts:
             results["growth"] = growth_bench.run(spark, config.load({"root": root / "growth"}),

@@ -1,26 +1,29 @@
 """Sustained rate and latency: every layer running continuously behind a live feed.
 
-One driver runs bronze, silver and gold continuously at the project's trigger interval
-(``streaming.run_continuously``, as ``make run`` does) while a feed lands files of
-``FILE_EVENTS`` events in the landing zone at a steady rate. A monitor notes when each file
-landed and, at every new version of ``gold.campaign_stats``, how many events its windows
-count; since the files are processed in order, a file's latency is the time from its
-landing until gold first counts every event up to and including it.
+One driver runs bronze, silver and gold continuously with the project's own settings
+(``streaming.run_continuously`` at its trigger interval and file limit per trigger, as
+``make run`` does) while a feed lands one file a second holding that second's events, as
+``lakehouse generate --rate`` does. A monitor notes when each file landed and, at every new
+version of ``gold.campaign_stats``, how many events its windows count; since the files are
+processed in order, a file's latency is the time from its landing until gold first counts
+every event up to and including it.
 
-The feed is clean (every record valid, distinct and on time, made by the generator with
-its mess set to zero), so each record is counted in gold exactly once and its arrival can
-be counted; the messy corpus is the pipeline part's. The files are generated before the
-trials, so the feed costs the machine nothing while it is measured.
+The feed is clean (every record valid and distinct, made by the generator with its mess set
+to zero), so each record is counted in gold exactly once and its arrival can be counted;
+the messy corpus is the pipeline part's. Each trial's files are generated just before it,
+their event times a second apart per file from the moment of generation, so every event is
+on time when it lands (within a minute or two of its ingestion, far inside the watermark)
+and generating costs the machine nothing while it is measured.
 
 - **Sustained rate**: a trial feeds ``rate`` events a second for ``SUSTAIN_SECONDS``. The
   streams keep up when the backlog (events landed and not yet in gold, in seconds of feed)
   never exceeds ``MAX_BACKLOG_SECONDS``, latency does not grow (the slope of latency
   against landing time, after the first minute, is at most ``MAX_SLOPE``: gold counts at
   least 95% of the feed rate), and gold holds every event within ``MAX_BACKLOG_SECONDS`` of
-  the last landing. A steady backlog is kept up with; a growing one is not. A trial that falls
-  behind stops early. The first trial runs at the start rate; the second 25% above it if
-  the first kept up, 20% below if not: the highest rate kept up and the lowest not kept up
-  bracket the sustained rate.
+  the last landing. A steady backlog is kept up with; a growing one is not. A trial that
+  falls behind stops early. The first trial runs at the start rate; the second 25% above
+  it if the first kept up, 20% below if not: the highest rate kept up and the lowest not
+  kept up bracket the sustained rate.
 - **Latency**: a third of the sustained rate for ``LATENCY_SECONDS``; p50 and p99 of the
   latencies of the files landed after the first ``WARM_UP_SECONDS``.
 """
@@ -34,6 +37,7 @@ import shutil
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -47,7 +51,6 @@ from spark_jobs.generator import EventGenerator, ExpectedCounts, Mess
 from spark_jobs.gold import campaign_stats
 from spark_jobs.ops import heartbeat
 
-FILE_EVENTS = 1_000
 SUSTAIN_SECONDS = 300
 LATENCY_SECONDS = 180
 MAX_BACKLOG_SECONDS = 120.0
@@ -62,19 +65,20 @@ CLEAN = Mess(**{knob.name: 0.0 for knob in dataclasses.fields(Mess)})
 
 @dataclass(frozen=True)
 class Pool:
-    """Generated feed files, in landing order, and the campaign mapping their ads need."""
+    """Generated feed files, one per second of feed in landing order, and the campaign
+    mapping their ads need."""
 
     files: list[Path]
     campaigns: list[Path]
+    file_events: int
 
 
-def clean_pool(folder: Path, events: int, pace: float) -> Pool:
-    """``events`` clean events in files of ``FILE_EVENTS``; event time advances ``pace``
-    events a second of event time, ending about now."""
+def clean_pool(folder: Path, rate: int, seconds: int) -> Pool:
+    """``seconds`` files of ``rate`` clean events; file ``n`` holds the events of second
+    ``n`` from now."""
     shutil.rmtree(folder, ignore_errors=True)
     (folder / "events").mkdir(parents=True)
     (folder / "campaigns").mkdir()
-    count = -(-events // FILE_EVENTS)
     start = datetime.now(UTC)
     generator = EventGenerator(seed=13, start=start, mess=CLEAN)
     campaigns = []
@@ -83,14 +87,14 @@ def clean_pool(folder: Path, events: int, pace: float) -> Pool:
         path.write_text("".join(json.dumps(row) + "\n" for row in mapping), encoding="utf-8")
         campaigns.append(path)
     files = []
-    for number in range(count):
-        now = start + timedelta(seconds=number * FILE_EVENTS / pace)
-        lines = list(generator.records(FILE_EVENTS, now, ExpectedCounts()))
+    for second in range(seconds):
+        lines = list(generator.records(rate, start + timedelta(seconds=second),
+                                       ExpectedCounts()))
         content, extension = generator.file_bytes(lines)
-        path = folder / "events" / f"feed-{number:06d}{extension}"
+        path = folder / "events" / f"feed-{second:06d}{extension}"
         path.write_bytes(content)
         files.append(path)
-    return Pool(files, campaigns)
+    return Pool(files, campaigns, rate)
 
 
 @dataclass
@@ -118,18 +122,16 @@ class Observations:
         return result
 
 
-def _land(pool: Pool, landing: Path, rate: float, seconds: float, seen: Observations,
-          stop: threading.Event) -> None:
-    """Hard-link pool files into the landing zone (atomic, and nothing copied) on time."""
+def _land(pool: Pool, landing: Path, seen: Observations, stop: threading.Event) -> None:
+    """Hard-link the pool's files into the landing zone (atomic, nothing copied), one a
+    second."""
     landing.mkdir(parents=True, exist_ok=True)
-    files = pool.files[:max(int(rate * seconds) // FILE_EVENTS, 1)]
     started = time.monotonic()
-    for number, path in enumerate(files):
-        due = started + number * FILE_EVENTS / rate
-        if stop.wait(max(due - time.monotonic(), 0)):
+    for second, path in enumerate(pool.files):
+        if stop.wait(max(started + second - time.monotonic(), 0)):
             return
         os.link(path, landing / path.name)
-        seen.landed.append((time.time(), (number + 1) * FILE_EVENTS))
+        seen.landed.append((time.time(), (second + 1) * pool.file_events))
 
 
 def _gold_events(path: str) -> int:
@@ -150,9 +152,10 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(int(share * len(ordered)), len(ordered) - 1)]
 
 
-def trial(spark: SparkSession, settings: Settings, pool: Pool, rate: float,
-          seconds: float) -> dict[str, Any]:
+def trial(spark: SparkSession, settings: Settings, scratch: Path, rate: int,
+          seconds: int) -> dict[str, Any]:
     """``rate`` events a second for ``seconds`` on a fresh root, every layer streaming."""
+    pool = clean_pool(scratch / "pool", rate, seconds)
     shutil.rmtree(settings.root, ignore_errors=True)
     settings.landing_campaigns.mkdir(parents=True)
     for mapping in pool.campaigns:
@@ -160,44 +163,55 @@ def trial(spark: SparkSession, settings: Settings, pool: Pool, rate: float,
     stop_streams, stop_feed = threading.Event(), threading.Event()
     failure: list[BaseException] = []
 
-    def stream() -> None:
-        try:
-            streaming.run_continuously(spark, settings, list(streaming.LAYERS),
-                                       settings.trigger_interval, stop_streams)
-        except BaseException as error:  # reported by the trial, not lost in a thread
-            failure.append(error)
+    def failing_into(action: Callable[[], object]) -> Callable[[], None]:
+        def guarded() -> None:
+            try:
+                action()
+            except BaseException as error:  # reported by the trial, not lost in a thread
+                failure.append(error)
+        return guarded
 
-    streams = threading.Thread(target=stream, name="feed-bench-streams")
+    streams = threading.Thread(name="feed-bench-streams", target=failing_into(
+        lambda: streaming.run_continuously(spark, settings, list(streaming.LAYERS),
+                                           settings.trigger_interval, stop_streams)))
     streams.start()
     seen = Observations()
+    feed = threading.Thread(name="feed-bench-feed", target=failing_into(
+        lambda: _land(pool, settings.landing_events, seen, stop_feed)))
     gold = campaign_stats.TABLE.path(settings)
+    verdict, max_backlog = None, 0.0
     try:
         _wait(lambda: heartbeat.health(settings).running or failure, "the streams to start")
-        feed = threading.Thread(target=_land, name="feed-bench-feed", args=(
-            pool, settings.landing_events, rate, seconds, seen, stop_feed))
         feed.start()
-        version, verdict, max_backlog = -1, None, 0.0
+        version = -1
         while not failure:
+            # Taken before the read: a version committed meanwhile is seen late, never early.
+            now = time.time()
             if delta_reader.is_delta_table(gold) and (
                     latest := delta_reader.latest_version(gold)) != version:
                 version = latest
-                seen.counted.append((time.time(), _gold_events(gold)))
+                seen.counted.append((now, _gold_events(gold)))
             max_backlog = max(max_backlog, seen.backlog_seconds(rate))
             if max_backlog > MAX_BACKLOG_SECONDS:
                 verdict = f"backlog over {MAX_BACKLOG_SECONDS:g} s of feed"
                 break
-            if not feed.is_alive() and seen.backlog_seconds(rate) == 0:
-                break
-            if not feed.is_alive() and time.time() - seen.landed[-1][0] > MAX_BACKLOG_SECONDS:
-                verdict = f"gold lacked events {MAX_BACKLOG_SECONDS:g} s after the last landing"
-                break
+            if not feed.is_alive() and seen.landed:
+                if seen.backlog_seconds(rate) == 0:
+                    break
+                if now - seen.landed[-1][0] > MAX_BACKLOG_SECONDS:
+                    verdict = (f"gold lacked events {MAX_BACKLOG_SECONDS:g} s after the "
+                               f"last landing")
+                    break
             time.sleep(POLL_SECONDS)
     finally:
         stop_feed.set()
         stop_streams.set()
+        if feed.ident is not None:
+            feed.join()
         streams.join()
-    if failure:
-        raise RuntimeError("a stream failed during the feed trial") from failure[0]
+    if failure or not seen.landed:
+        raise RuntimeError("the feed or a stream failed during the feed trial") from (
+            failure[0] if failure else None)
     first_landing = seen.landed[0][0]
     warm = [p for p in seen.latencies() if p[0] - first_landing >= WARM_UP_SECONDS]
     slope = _slope(warm)
@@ -205,10 +219,9 @@ def trial(spark: SparkSession, settings: Settings, pool: Pool, rate: float,
         verdict = f"latency grew {slope:.2f} s per second of feed"
     values = [latency for _, latency in warm]
     return {
-        "rate": round(rate), "seconds_fed": round(seen.landed[-1][0] - first_landing),
-        "events_landed": seen.landed[-1][1], "kept_up": verdict is None,
-        "fell_behind": verdict, "max_backlog_seconds": round(max_backlog, 1),
-        "latency_slope": round(slope, 3),
+        "rate": rate, "seconds_fed": len(seen.landed), "events_landed": seen.landed[-1][1],
+        "kept_up": verdict is None, "fell_behind": verdict,
+        "max_backlog_seconds": round(max_backlog, 1), "latency_slope": round(slope, 3),
         "latency_seconds": {"p50": round(_percentile(values, 0.5), 1),
                             "p99": round(_percentile(values, 0.99), 1),
                             "max": round(max(values), 1), "files": len(values)}
@@ -216,7 +229,7 @@ def trial(spark: SparkSession, settings: Settings, pool: Pool, rate: float,
     }
 
 
-def _wait(condition: Any, what: str, timeout: float = 300) -> None:
+def _wait(condition: Callable[[], object], what: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -224,20 +237,21 @@ def _wait(condition: Any, what: str, timeout: float = 300) -> None:
         time.sleep(POLL_SECONDS)
 
 
-def run(spark: SparkSession, settings: Settings, scratch: Path, start_rate: float
+def run(spark: SparkSession, settings: Settings, scratch: Path, start_rate: int
         ) -> dict[str, Any]:
     """Two sustained trials bracketing the sustained rate, then latency at a third of it."""
-    pool = clean_pool(scratch / "pool", int(start_rate * STEP_UP * SUSTAIN_SECONDS),
-                      start_rate)
-    first = trial(spark, settings, pool, start_rate, SUSTAIN_SECONDS)
-    second = trial(spark, settings, pool,
-                   start_rate * (STEP_UP if first["kept_up"] else STEP_DOWN), SUSTAIN_SECONDS)
+    first = trial(spark, settings, scratch, start_rate, SUSTAIN_SECONDS)
+    second = trial(spark, settings, scratch,
+                   round(start_rate * (STEP_UP if first["kept_up"] else STEP_DOWN)),
+                   SUSTAIN_SECONDS)
     trials = [first, second]
     kept = [t["rate"] for t in trials if t["kept_up"]]
     behind = [t["rate"] for t in trials if not t["kept_up"]]
     sustained = max(kept) if kept else None
-    latency = trial(spark, settings, pool, (sustained or min(behind)) / 3, LATENCY_SECONDS)
-    return {"file_events": FILE_EVENTS, "trigger_interval": settings.trigger_interval,
+    latency = trial(spark, settings, scratch, round((sustained or min(behind)) / 3),
+                    LATENCY_SECONDS)
+    return {"trigger_interval": settings.trigger_interval,
+            "max_files_per_trigger": settings.max_files_per_trigger,
             "sustained_events_per_second": sustained,
             "not_sustained_events_per_second": min(behind) if behind else None,
             "trials": trials, "latency": latency,
