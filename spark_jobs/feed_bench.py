@@ -31,7 +31,6 @@ and generating costs the machine nothing while it is measured.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import statistics
@@ -47,7 +46,7 @@ from pyspark.sql import SparkSession
 
 from spark_jobs import delta_reader, streaming
 from spark_jobs.config import Settings
-from spark_jobs.generator import EventGenerator, ExpectedCounts, Mess
+from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import campaign_stats
 from spark_jobs.ops import heartbeat
 
@@ -74,27 +73,17 @@ class Pool:
 
 
 def clean_pool(folder: Path, rate: int, seconds: int) -> Pool:
-    """``seconds`` files of ``rate`` clean events; file ``n`` holds the events of second
-    ``n`` from now."""
+    """``seconds`` files of ``rate`` clean events, written by the generator itself; file
+    ``n`` holds the events of second ``n`` from now."""
     shutil.rmtree(folder, ignore_errors=True)
-    (folder / "events").mkdir(parents=True)
-    (folder / "campaigns").mkdir()
-    start = datetime.now(UTC)
-    generator = EventGenerator(seed=13, start=start, mess=CLEAN)
-    campaigns = []
-    for number, mapping in enumerate(generator.campaign_mappings()):
-        path = folder / "campaigns" / f"campaigns-{number}.jsonl"
-        path.write_text("".join(json.dumps(row) + "\n" for row in mapping), encoding="utf-8")
-        campaigns.append(path)
-    files = []
-    for second in range(seconds):
-        lines = list(generator.records(rate, start + timedelta(seconds=second),
-                                       ExpectedCounts()))
-        content, extension = generator.file_bytes(lines)
-        path = folder / "events" / f"feed-{second:06d}{extension}"
-        path.write_bytes(content)
-        files.append(path)
-    return Pool(files, campaigns, rate)
+    events, campaigns = folder / "events", folder / "campaigns"
+    # Event time spread over the span ending at ``start``: one second per file from now.
+    generate(GenerateRequest(events=rate * seconds, seed=13, mess=CLEAN,
+                             start=datetime.now(UTC) + timedelta(seconds=seconds),
+                             span=timedelta(seconds=seconds), events_per_file=rate),
+             events, campaigns, folder / "expected.json")
+    # The generator numbers its files in writing order.
+    return Pool(sorted(events.iterdir()), sorted(campaigns.iterdir()), rate)
 
 
 @dataclass
