@@ -4,6 +4,7 @@ import json
 from datetime import datetime, timedelta
 
 from spark_jobs.audit import account
+from spark_jobs.delta_reader import latest_version
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
@@ -63,6 +64,19 @@ def test_a_replayed_batch_is_not_applied_twice(spark, settings) -> None:
     silver.process(spark, batch, APP, 0, settings=settings)
     assert len(quarantine_rows(spark, settings)) == 1
     assert len(silver_rows(spark, settings)) == 1
+
+
+def test_only_a_batch_with_rejected_records_writes_a_quarantine_commit(spark, settings
+                                                                    ) -> None:
+    prepare(spark, settings)
+    path = quarantine.TABLE.path(settings)
+    created = latest_version(path)
+    silver.process(spark, bronze_frame(spark, [view("e-1")]), APP, 0, settings=settings)
+    assert latest_version(path) == created  # nothing rejected, nothing committed
+    silver.process(spark, bronze_frame(spark, [view("e-2"), "not json"]), APP, 1,
+                   settings=settings)
+    assert latest_version(path) == created + 1
+    assert [row.reason for row in quarantine_rows(spark, settings)] == ["malformed_json"]
 
 
 def test_a_late_event_lands_in_its_own_date(spark, settings) -> None:
