@@ -151,7 +151,7 @@ def test_a_gold_batch_waits_for_a_rebuild_under_way(spark, streamed) -> None:
         return sum(views + clicks + purchases
                    for _, _, _, views, clicks, purchases, _ in gold_of(spark, settings, day))
 
-    with writer.LOCK:  # a rebuild holds it
+    with writer.LOCK.rebuild():
         thread = threading.Thread(target=campaign_stats.process, args=(
             spark, batch, "test-gold-writer", 0), kwargs={"settings": settings})
         thread.start()
@@ -159,3 +159,36 @@ def test_a_gold_batch_waits_for_a_rebuild_under_way(spark, streamed) -> None:
         assert thread.is_alive() and counted() == 0
     thread.join(timeout=300)
     assert not thread.is_alive() and counted() == 3  # it ran once the rebuild was done
+
+
+def test_gold_batches_overlap_and_a_rebuild_runs_alone_without_being_starved() -> None:
+    lock = writer.BatchesOrRebuild()
+    events: list[str] = []
+
+    def hold(side: str, name: str, seconds: float) -> threading.Thread:
+        def run() -> None:
+            with getattr(lock, side)():
+                events.append(f"{name} in")
+                time.sleep(seconds)
+                events.append(f"{name} out")
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    threads = [hold("batch", "stats", 1.0), hold("batch", "attribution", 1.0)]
+    time.sleep(0.2)
+    assert events == ["stats in", "attribution in"]  # both gold streams at once
+    threads.append(hold("rebuild", "rebuild", 0.5))
+    time.sleep(0.2)
+    threads.append(hold("batch", "next batch", 0.1))  # starts while the rebuild waits
+    for thread in threads:
+        thread.join(timeout=10)
+    # The rebuild waited for both batches under way; the batch that came after it waited
+    # for the rebuild, though no other batch was holding the lock by then.
+    assert set(events[2:4]) == {"stats out", "attribution out"}
+    assert events[4:] == ["rebuild in", "rebuild out", "next batch in", "next batch out"]
+
+    with lock.rebuild(), lock.rebuild(), lock.batch():  # its own thread passes again
+        pass
+    with lock.batch():  # and it was released whole
+        pass

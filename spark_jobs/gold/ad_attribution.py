@@ -109,7 +109,7 @@ def upsert(spark: SparkSession, settings: Settings, attributions: DataFrame) -> 
 
 def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int, *,
             settings: Settings) -> None:
-    with writer.LOCK, idempotent_dml(spark, query_id, batch_id):  # see ``gold.writer``
+    with writer.LOCK.batch(), idempotent_dml(spark, query_id, batch_id):  # see gold.writer
         # Cached: the scope's bounds and the MERGE both read the join's output.
         attributions = latest_view_per_click(batch).persist()
         try:

@@ -93,7 +93,7 @@ def add_to_windows(spark: SparkSession, settings: Settings, stats: DataFrame) ->
 
 def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int, *,
             settings: Settings) -> None:
-    with writer.LOCK:  # never beside a gold rebuild (see ``gold.writer``)
+    with writer.LOCK.batch():  # never beside a gold rebuild (see ``gold.writer``)
         _process(spark, batch, query_id, batch_id, settings)
 
 

@@ -10,8 +10,9 @@ that already holds the other's commit:
 - a batch that read ``ops.gold_rebuilds`` before the rebuild recorded V, and MERGEs after
   the replace, adds again what the rebuild counted.
 
-So they never run side by side. In the driver holding the gold lease, every gold
-micro-batch and every rebuild holds ``LOCK``. A reprocess in another process hands its
+So they never run side by side. In the driver holding the gold lease, gold micro-batches
+hold ``LOCK`` shared (each gold stream writes its own table, so their batches overlap) and
+a rebuild holds it alone. A reprocess in another process hands its
 rebuild to that driver: a request file under ``<root>/control/gold-rebuilds/``, claimed by
 the driver's rebuild thread with an atomic rename, run between gold batches, answered with
 a result file the reprocess waits for. With no driver holding the lease, the reprocess
@@ -26,6 +27,7 @@ import logging
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +36,7 @@ from spark_jobs.config import Settings
 from spark_jobs.ops.leases import REPROCESS, LeaseHeld, driver, leases
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from pyspark.sql import SparkSession
 
@@ -43,8 +45,61 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LAYER = "gold"
-# Held by every write to gold in this process: gold micro-batches and rebuilds.
-LOCK = threading.RLock()
+
+
+class BatchesOrRebuild:
+    """Held by every write to gold in this process: by any number of gold micro-batches at
+    once (``batch``), or by one rebuild alone (``rebuild``), which waits for the batches
+    under way and holds back those that start meanwhile, so a steady stream of batches
+    cannot starve it. The rebuild's own thread may take either side again inside it."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._batches = 0
+        self._rebuilder: int | None = None  # the thread holding it for a rebuild
+        self._rebuild_depth = 0
+        self._rebuilds_waiting = 0
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        if self._rebuilder == threading.get_ident():
+            yield  # inside this thread's own rebuild
+            return
+        with self._changed:
+            self._changed.wait_for(lambda: self._rebuilder is None
+                                   and not self._rebuilds_waiting)
+            self._batches += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._batches -= 1
+                self._changed.notify_all()
+
+    @contextmanager
+    def rebuild(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._changed:
+            if self._rebuilder != me:
+                self._rebuilds_waiting += 1
+                try:
+                    self._changed.wait_for(lambda: self._rebuilder is None
+                                           and not self._batches)
+                finally:
+                    self._rebuilds_waiting -= 1
+                self._rebuilder = me
+            self._rebuild_depth += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._rebuild_depth -= 1
+                if not self._rebuild_depth:
+                    self._rebuilder = None
+                    self._changed.notify_all()
+
+
+LOCK = BatchesOrRebuild()
 POLL_SECONDS = 1.0
 _last_rebuild: dict[str, str | None] = {}  # days, since, ended (None while it runs)
 # A rebuild beside busy streams on 2 cores takes minutes; this only bounds a lost answer.
@@ -66,7 +121,7 @@ def rebuild(spark: Callable[[], SparkSession], settings: Settings, days: DateRan
         return rebuild_gold(spark(), settings, days, dry_run=True)
     while True:
         try:
-            with leases(settings, [LAYER], purpose=REPROCESS), LOCK:
+            with leases(settings, [LAYER], purpose=REPROCESS), LOCK.rebuild():
                 return rebuild_gold(spark(), settings, days, dry_run=False)
         except LeaseHeld:
             changes = _hand_over(settings, days)
@@ -153,7 +208,7 @@ def _run_request(spark: SparkSession, settings: Settings, claimed: Path) -> dict
     asked = json.loads(claimed.read_text("utf-8"))
     days = DateRange.parse(asked["from"], asked["to"])
     log.info("rebuilding gold for %s (asked by a reprocess)", days)
-    with LOCK:
+    with LOCK.rebuild():
         _last_rebuild.update(days=str(days), since=_now(), ended=None)
         try:
             changes = rebuild_gold(spark, settings, days, dry_run=False)
