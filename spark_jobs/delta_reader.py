@@ -48,6 +48,14 @@ def applied_batch(path: str | Path, app_id: str) -> tuple[int, int | None]:
     return table.version(), table.transaction_version(app_id)
 
 
+def transaction_versions(path: str | Path, app_ids: Sequence[str]) -> list[int | None]:
+    """The last transaction version each of ``app_ids`` recorded in the table's log."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(path))
+    return [table.transaction_version(app_id) for app_id in app_ids]
+
+
 def latest_version(path: str | Path) -> int:
     from deltalake import DeltaTable
 

@@ -163,32 +163,45 @@ def test_a_gold_batch_waits_for_a_rebuild_under_way(spark, streamed) -> None:
 
 def test_gold_batches_overlap_and_a_rebuild_runs_alone_without_being_starved() -> None:
     lock = writer.BatchesOrRebuild()
-    events: list[str] = []
+    entered: list[str] = []
 
-    def hold(side: str, name: str, seconds: float) -> threading.Thread:
+    def hold(side: str, name: str) -> threading.Event:
+        """A thread holding ``side`` of the lock until the returned event is set."""
+        release = threading.Event()
+
         def run() -> None:
             with getattr(lock, side)():
-                events.append(f"{name} in")
-                time.sleep(seconds)
-                events.append(f"{name} out")
-        thread = threading.Thread(target=run)
-        thread.start()
-        return thread
+                entered.append(name)
+                release.wait(timeout=30)
+        threading.Thread(target=run, daemon=True).start()
+        return release
 
-    threads = [hold("batch", "stats", 1.0), hold("batch", "attribution", 1.0)]
-    time.sleep(0.2)
-    assert events == ["stats in", "attribution in"]  # both gold streams at once
-    threads.append(hold("rebuild", "rebuild", 0.5))
-    time.sleep(0.2)
-    threads.append(hold("batch", "next batch", 0.1))  # starts while the rebuild waits
-    for thread in threads:
-        thread.join(timeout=10)
-    # The rebuild waited for both batches under way; the batch that came after it waited
-    # for the rebuild, though no other batch was holding the lock by then.
-    assert set(events[2:4]) == {"stats out", "attribution out"}
-    assert events[4:] == ["rebuild in", "rebuild out", "next batch in", "next batch out"]
+    def soon(condition) -> bool:
+        deadline = time.monotonic() + 10
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return condition()
 
-    with lock.rebuild(), lock.rebuild(), lock.batch():  # its own thread passes again
+    batches = [hold("batch", "stats"), hold("batch", "attribution")]
+    assert soon(lambda: sorted(entered) == ["attribution", "stats"])  # both at once
+    rebuild = hold("rebuild", "rebuild")
+    assert soon(lambda: lock._rebuilds_waiting == 1)
+    next_batch = hold("batch", "next batch")  # starts while the rebuild waits
+    time.sleep(0.5)
+    assert len(entered) == 2  # the rebuild waits for the batches, the next one for it
+    for release in batches:
+        release.set()
+    assert soon(lambda: entered[2:] == ["rebuild"])
+    time.sleep(0.5)
+    assert entered[2:] == ["rebuild"]  # alone
+    rebuild.set()
+    assert soon(lambda: entered[2:] == ["rebuild", "next batch"])
+    next_batch.set()
+
+    with lock.rebuild(), lock.rebuild(), lock.batch(), lock.batch():  # its own, again
         pass
-    with lock.batch():  # and it was released whole
+    with (lock.batch(), lock.batch(),
+          pytest.raises(RuntimeError, match="inside a gold micro-batch"), lock.rebuild()):
+        pass
+    with lock.rebuild():  # everything was released
         pass

@@ -79,6 +79,20 @@ def test_only_a_batch_with_rejected_records_writes_a_quarantine_commit(spark, se
     assert [row.reason for row in quarantine_rows(spark, settings)] == ["malformed_json"]
 
 
+def test_a_replay_under_changed_rules_keeps_its_first_attempt_s_verdict(spark, settings
+                                                                       ) -> None:
+    prepare(spark, settings)
+    # Two hours ahead of its ingestion: within the default 24-hour future tolerance.
+    batch = bronze_frame(spark, [view("ahead", when="2026-11-22T14:00:00Z")])
+    silver.process(spark, batch, APP, 0, settings=settings)  # inserted, nothing rejected
+    # The driver dies before its checkpoint records batch 0, and restarts with a one-hour
+    # tolerance: the replay rejects the event that its first attempt inserted.
+    stricter = settings.replace(future_tolerance="1 hour")
+    silver.process(spark, batch, APP, 0, settings=stricter)
+    assert [row.event_id for row in silver_rows(spark, settings)] == ["ahead"]
+    assert quarantine_rows(spark, settings) == []  # not placed twice
+
+
 def test_a_late_event_lands_in_its_own_date(spark, settings) -> None:
     prepare(spark, settings)
     batch = bronze_frame(spark, [view("late", when="2026-11-19T08:00:00Z"), view("now")])

@@ -1,4 +1,5 @@
-"""One writer of gold at a time: the driver running the gold streams, or else a reprocess.
+"""One writer of gold at a time: the driver running the gold streams, or else a reprocess;
+and in that driver, a rebuild never beside a gold micro-batch.
 
 A gold rebuild replaces a range of ``gold.campaign_stats`` and ``gold.ad_attribution`` with
 what silver held at one version V. Beside a live gold stream in another process, two races
@@ -51,33 +52,44 @@ class BatchesOrRebuild:
     """Held by every write to gold in this process: by any number of gold micro-batches at
     once (``batch``), or by one rebuild alone (``rebuild``), which waits for the batches
     under way and holds back those that start meanwhile, so a steady stream of batches
-    cannot starve it. The rebuild's own thread may take either side again inside it."""
+    cannot starve it. A thread may take the side it holds again; a rebuild may run a batch
+    inside it, but a batch may not start a rebuild (it would wait for itself)."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._batches = 0
+        self._rebuilds_waiting = 0
         self._rebuilder: int | None = None  # the thread holding it for a rebuild
         self._rebuild_depth = 0
-        self._rebuilds_waiting = 0
+        self._held_by_thread = threading.local()  # this thread's batch depth
 
     @contextmanager
     def batch(self) -> Iterator[None]:
-        if self._rebuilder == threading.get_ident():
-            yield  # inside this thread's own rebuild
+        depth = getattr(self._held_by_thread, "batches", 0)
+        if depth or self._rebuilder == threading.get_ident():
+            self._held_by_thread.batches = depth + 1
+            try:
+                yield  # inside this thread's own batch or rebuild
+            finally:
+                self._held_by_thread.batches = depth
             return
         with self._changed:
             self._changed.wait_for(lambda: self._rebuilder is None
                                    and not self._rebuilds_waiting)
             self._batches += 1
+        self._held_by_thread.batches = 1
         try:
             yield
         finally:
+            self._held_by_thread.batches = 0
             with self._changed:
                 self._batches -= 1
                 self._changed.notify_all()
 
     @contextmanager
     def rebuild(self) -> Iterator[None]:
+        if getattr(self._held_by_thread, "batches", 0):
+            raise RuntimeError("a gold rebuild cannot start inside a gold micro-batch")
         me = threading.get_ident()
         with self._changed:
             if self._rebuilder != me:
@@ -87,6 +99,7 @@ class BatchesOrRebuild:
                                            and not self._batches)
                 finally:
                     self._rebuilds_waiting -= 1
+                    self._changed.notify_all()  # batches held back for it, if it gave up
                 self._rebuilder = me
             self._rebuild_depth += 1
         try:
@@ -208,12 +221,13 @@ def _run_request(spark: SparkSession, settings: Settings, claimed: Path) -> dict
     asked = json.loads(claimed.read_text("utf-8"))
     days = DateRange.parse(asked["from"], asked["to"])
     log.info("rebuilding gold for %s (asked by a reprocess)", days)
-    with LOCK.rebuild():
-        _last_rebuild.update(days=str(days), since=_now(), ended=None)
-        try:
+    # Noted before the lock is taken: from then on the gold batches wait for it.
+    _last_rebuild.update(days=str(days), since=_now(), ended=None)
+    try:
+        with LOCK.rebuild():
             changes = rebuild_gold(spark, settings, days, dry_run=False)
-        finally:
-            _last_rebuild["ended"] = _now()
+    finally:
+        _last_rebuild["ended"] = _now()
     return {"changes": [change.as_json() for change in changes]}
 
 

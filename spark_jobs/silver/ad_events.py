@@ -31,6 +31,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from spark_jobs import delta_reader
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings, interval_seconds
 from spark_jobs.delta_writes import idempotent_dml, start_exactly_once, time_bounds
@@ -104,6 +105,11 @@ def first_deliveries(events: DataFrame) -> DataFrame:
 MAX_TIME_SLICES = 32
 
 
+# The insert's MERGEs, per class of event (on time or not), and the name each one's
+# transaction identifier carries.
+MERGES = ((True, "on-time"), (False, "others"))
+
+
 def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataFrame, *,
                       app_id: str | None = None, version: int = 0) -> None:
     """Insert the first delivery (``first_deliveries``) of each event whose event_id silver
@@ -129,7 +135,7 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
         classified = classified.persist()
     try:
         target = DeltaTable.forPath(spark, TABLE.path(settings))
-        for on_time_class, name in ((True, "on-time"), (False, "others")):
+        for on_time_class, name in MERGES:
             if on_time_class not in slices:
                 continue
             source = classified.where(F.col("_on_time") == on_time_class).drop("_on_time")
@@ -223,11 +229,20 @@ def process(spark: SparkSession, bronze_rows: DataFrame, app_id: str,
     """Validate bronze rows; quarantine the rejected, insert the new valid events."""
     validated = slimmed(validate(bronze_rows, Rules.from_settings(settings))).persist()
     try:
-        quarantine.append(validated, settings, app_id, version)
+        quarantine.append(validated, settings, app_id, version,
+                          decided_before=lambda: _inserted_before(settings, app_id, version))
         insert_new_events(spark, settings, accepted(validated), app_id=app_id,
                           version=version)
     finally:
         validated.unpersist()
+
+
+def _inserted_before(settings: Settings, app_id: str, version: int) -> bool:
+    """Whether a MERGE of batch ``version`` already committed: an earlier attempt at the
+    batch got past its quarantine step."""
+    applied = delta_reader.transaction_versions(TABLE.path(settings),
+                                                [f"{app_id}/{name}" for _, name in MERGES])
+    return any(recorded is not None and recorded >= version for recorded in applied)
 
 
 def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]

@@ -7,6 +7,7 @@ human-readable ``detail`` and the bronze ingestion metadata, so it can be replay
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
@@ -38,14 +39,18 @@ def rejected(validated: DataFrame) -> DataFrame:
         F.current_timestamp().alias("quarantined_at"))
 
 
-def append(validated: DataFrame, settings: Settings, app_id: str, version: int) -> None:
+def append(validated: DataFrame, settings: Settings, app_id: str, version: int, *,
+           decided_before: Callable[[], bool] = lambda: False) -> None:
     """Quarantine the rejected records of a micro-batch, at most once per batch.
 
     A batch with none writes no commit: a commit that adds nothing costs a micro-batch
-    about a second, and most batches of a clean feed reject nothing. (A replay of such a
-    batch rejects nothing again, so it has no commit to skip.)"""
+    about a second, and most batches of a clean feed reject nothing. So a replay's append
+    can no longer rely on finding its batch's commit; ``decided_before``, asked only when
+    there is something to append, says whether an earlier attempt at this batch got past
+    this step, whose verdict then stands (rules changed across the restart must not put a
+    record in quarantine that the attempt before placed elsewhere)."""
     rows = rejected(validated)
-    if rows.isEmpty():
+    if rows.isEmpty() or decided_before():
         return
     (rows.write.format("delta").mode("append")
         .options(**idempotent_append_options(app_id, version))
