@@ -198,9 +198,9 @@ def run(spark: SparkSession, settings: Settings, corpus: Path, records: int,
 def render(results: dict[str, Any]) -> str:
     lines = [f"{results['records']} records, {results['repetitions']} interleaved repetitions "
              f"(rows/s: median [min-max])",
-             f"{'stage':<14}{'median':>10}{'range':>22}"]
+             f"{'stage':<22}{'median':>10}{'range':>22}"]
     for name, rate in results["rows_per_second"].items():
-        lines.append(f"{name:<14}{rate['median']:>10,}{rate['min']:>11,} - {rate['max']:<9,}")
+        lines.append(f"{name:<22}{rate['median']:>10,}{rate['min']:>11,} - {rate['max']:<9,}")
     lines.append("ratios: " + ", ".join(f"{name} {value}"
                                         for name, value in results["ratios"].items()))
     lines.append(f"YSB query: {results['ysb_query_events_per_second_per_core']:,} events/s "
