@@ -123,14 +123,15 @@ def reprocess_day(spark: SparkSession, settings: Settings) -> dict[str, Any]:
     spark.sql(f"DELETE FROM delta.`{path}` WHERE {days.date_predicate('event_date')}")
 
     rules = Rules.from_settings(settings)
+    # What the silver step validates again: every bronze record that could hold the day,
+    # counted from the state the rebuild starts from (the day's silver rows deleted).
+    validated = (spark.read.format("delta").load(bronze.TABLE.path(settings))
+                 .where(F.col("ingest_date") >= earliest_ingestion(spark, settings, days, rules))
+                 .count())
     silver_seconds = _timed(lambda: rebuild_silver(spark, settings, days, rules,
                                                    dry_run=False))
     gold_seconds = _timed(lambda: gold_writer.rebuild(lambda: spark, settings, days,
                                                       dry_run=False))
-    # What the silver step validated again: every bronze record that could hold the day.
-    validated = (spark.read.format("delta").load(bronze.TABLE.path(settings))
-                 .where(F.col("ingest_date") >= earliest_ingestion(spark, settings, days, rules))
-                 .count())
     seconds = silver_seconds + gold_seconds
     return {"event_date": str(busiest.event_date), "rows": busiest["count"],
             "seconds": round(seconds, 2), "rows_per_second": round(busiest["count"] / seconds),
