@@ -56,6 +56,16 @@ def transaction_versions(path: str | Path, app_ids: Sequence[str]) -> list[int |
     return [table.transaction_version(app_id) for app_id in app_ids]
 
 
+def user_metadata(path: str | Path, version: int | None = None,
+                  limit: int | None = None) -> list[str | None]:
+    """The user metadata of the table's commits, newest first: those up to ``version``
+    (default: the latest), the newest ``limit`` of them (default: every one in the log)."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(path), version=version)
+    return [commit.get("userMetadata") for commit in table.history(limit)]
+
+
 def latest_version(path: str | Path) -> int:
     from deltalake import DeltaTable
 

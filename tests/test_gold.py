@@ -8,8 +8,8 @@ import pytest
 
 from spark_jobs.audit import late_by_date
 from spark_jobs.delta_writes import time_bounds
-from spark_jobs.gold import ad_attribution, campaign_stats
-from spark_jobs.ops import event_time_watermarks, late_data
+from spark_jobs.gold import ad_attribution, campaign_stats, watermark
+from spark_jobs.ops import late_data
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.tables import ensure_table
 
@@ -84,8 +84,7 @@ def test_campaign_moved_mid_window_splits_the_window_and_unmapped_is_unknown(spa
 
 
 def stream_batches(spark, settings, batches: list[list[tuple]]) -> None:
-    for table in (campaign_stats.TABLE, late_data.TABLE, event_time_watermarks.TABLE,
-                  ad_campaigns.TABLE):
+    for table in (campaign_stats.TABLE, late_data.TABLE, ad_campaigns.TABLE):
         ensure_table(spark, settings, table)
     mapping(spark, [("ad-1", "c-1", EPOCH)]).write.format("delta").mode("overwrite").save(
         ad_campaigns.TABLE.path(settings))
@@ -244,3 +243,53 @@ def test_time_bounds_name_the_same_instants_in_any_session_time_zone(spark) -> N
                 True, True)
     finally:
         spark.conf.set("spark.sql.session.timeZone", zone)
+
+
+def test_a_restarted_driver_applies_the_watermark_its_commits_carry(spark, settings) -> None:
+    stream_batches(spark, settings, [
+        [("a", at(0), "view", "ad-1")],
+        [("b", at(30), "view", "ad-1")],  # max event time 12:30: watermark 12:20 from now on
+    ])
+    path = campaign_stats.TABLE.path(settings)
+    # A new driver remembers nothing: the watermark comes from gold's own log.
+    watermark._latest_through.clear()
+    campaign_stats.process(spark, events(spark, [("late", at(19), "view", "ad-1")]), QUERY,
+                           2, settings=settings)
+    ledger = table(spark, settings, late_data.TABLE).collect()
+    assert [(r.window_start.strftime("%H:%M"), r.watermark) for r in ledger] == [
+        ("12:19", at(20))]
+    # Batch 1 replayed by a new driver applies batch 0's watermark (12:00 less 10 minutes),
+    # not its own first attempt's: the MERGE already committed, nothing changes.
+    watermark._latest_through.clear()
+    assert watermark.naive_utc(watermark.latest_before(path, QUERY, 1)) == at(0)
+    # Batch 2 had nothing on time and committed nothing: batch 3 reads batch 1's figure.
+    assert watermark.naive_utc(watermark.latest_before(path, QUERY, 3)) == at(30)
+    # Another query of the same table (a reset checkpoint) starts with no watermark.
+    assert watermark.latest_before(path, "another-query", 0) is None
+
+
+def test_a_stats_batch_reads_only_the_files_of_its_windows(spark, settings, tmp_path) -> None:
+    stream_batches(spark, settings, [[("a", at(0, hour=8), "view", "ad-1")]])
+    path = Path(campaign_stats.TABLE.path(settings))
+    files_of_hour = {}
+    for batch_id, hour in enumerate((12, 16), start=1):  # two more batches, a file each
+        before = set(path.glob("*.parquet"))
+        campaign_stats.process(spark, events(spark, [(f"e-{hour}", at(0, hour=hour), "view",
+                                                      "ad-1")]), QUERY, batch_id,
+                               settings=settings)
+        files_of_hour[hour] = set(path.glob("*.parquet")) - before
+    files_of_hour[8] = set(path.glob("*.parquet")) - files_of_hour[12] - files_of_hour[16]
+    # The other hours' files are taken away: the MERGE fails if it reads them.
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for file in files_of_hour[8] | files_of_hour[12]:
+        file.rename(aside / file.name)
+    # 16:00 counted again (a second view) and a new window beside it.
+    campaign_stats.process(spark, events(spark, [("again", at(0, 30, hour=16), "view", "ad-1"),
+                                                 ("new", at(1, hour=16), "click", "ad-1")]),
+                           QUERY, 3, settings=settings)
+    for file in aside.iterdir():
+        file.rename(path / file.name)
+    rows = {r.window_start.strftime("%H:%M"): (r.views, r.clicks)
+            for r in table(spark, settings, campaign_stats.TABLE).collect()}
+    assert rows == {"08:00": (1, 0), "12:00": (1, 0), "16:00": (2, 0), "16:01": (0, 1)}

@@ -97,8 +97,8 @@ def test_clean_data_passes_every_suite_and_is_recorded(spark, clean_root) -> Non
     assert (clean_root.reports_dir / "data_docs" / "index.html").exists()
     # The reconciliation is not vacuous: the watermark has closed windows.
     closed = spark.sql(
-        f"SELECT max(max_event_time) - INTERVAL '{clean_root.watermark_delay}' FROM "
-        f"delta.`{clean_root.table_path('ops/event_time_watermarks')}`").first()[0]
+        f"SELECT max(watermark) FROM delta.`{clean_root.table_path('ops/stream_progress')}` "
+        f"WHERE query_name = 'gold_campaign_stats'").first()[0]
     gold = spark.read.format("delta").load(campaign_stats.TABLE.path(clean_root))
     assert gold.where(F.col("window_end") <= F.lit(closed)).count() > 0
 

@@ -49,11 +49,10 @@ def beat(*, streams: tuple[str, ...] = views.STREAMS, progress_ago: float = 3,
 
 def snapshot(*, progress: list[dict[str, Any]] | None = None,
              heartbeats: list[dict[str, Any]] | None = None, live: bool = True,
-             watermarks: list[dict[str, Any]] | None = None,
              late: list[dict[str, Any]] | None = None,
              problems: list[str] | None = None) -> views.Snapshot:
     return views.Snapshot(
-        now=NOW, progress=progress or [], late=late or [], watermarks=watermarks or [],
+        now=NOW, progress=progress or [], late=late or [],
         heartbeats=heartbeats or [], live_layers=frozenset(EVERY_LAYER if live else []),
         problems=problems or [], stall_after=timedelta(minutes=2),
         trigger_interval="5 seconds", root="/lake")
@@ -117,11 +116,15 @@ def test_a_stream_whose_driver_is_up_but_not_yet_reporting_is_not_started_yet() 
 
 
 def test_every_stream_running_and_keeping_up_is_green() -> None:
-    shot = snapshot(progress=healthy_progress(), heartbeats=[beat()],
-                    watermarks=[{"query_name": "gold_campaign_stats", "batch_id": 10,
-                                 "watermark": datetime(2026, 11, 5, 11, 49)},
-                                {"query_name": "gold_campaign_stats", "batch_id": 11,
-                                 "watermark": datetime(2026, 11, 5, 11, 50, 7, 250000)}],
+    # Campaign stats applies its own watermark and its progress rows carry it; its newest
+    # batch had nothing to do and applied none, so the one before it is shown.
+    progress = [row for row in healthy_progress() if row["query_name"] != "gold_campaign_stats"]
+    progress += [batch("gold_campaign_stats", 9, 15,
+                       watermark=datetime(2026, 11, 5, 11, 49, tzinfo=UTC)),
+                 batch("gold_campaign_stats", 10, 10,
+                       watermark=datetime(2026, 11, 5, 11, 50, 7, 250000, tzinfo=UTC)),
+                 batch("gold_campaign_stats", 11, 5)]
+    shot = snapshot(progress=progress, heartbeats=[beat()],
                     late=[{"layer": "gold.campaign_stats", "late_rows": 3},
                           {"layer": "gold.campaign_stats", "late_rows": 4}])
     statuses = views.stream_statuses(shot)
@@ -135,7 +138,7 @@ def test_every_stream_running_and_keeping_up_is_green() -> None:
     assert bronze[2:5] == ["2026-11-05 11:59:57", "42", "20.0"]
     assert row_of(page, "silver_ad_events")[8] == "24,818"
     stats = row_of(page, "gold_campaign_stats")
-    assert stats[7] == "2026-11-05 11:50:07"  # from ops.event_time_watermarks
+    assert stats[7] == "2026-11-05 11:50:07"  # batch 10's
     assert stats[10] == "7"
     attribution = row_of(page, "gold_ad_attribution")
     assert attribution[7] == "2026-11-05 11:49:30" and attribution[8:10] == ["1,520", "3"]
@@ -206,19 +209,17 @@ def test_the_page_reads_the_ops_tables_with_delta_rs(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "lake")
     moment = pa.timestamp("us", tz="UTC")
     write_deltalake(settings.table_path(views.PROGRESS_TABLE), pa.table({
-        "query_name": ["silver_ad_events", "silver_ad_events"],
-        "batch_id": pa.array([1, 2], pa.int64()),
-        "batch_at": pa.array([NOW - timedelta(seconds=9), NOW - timedelta(seconds=4)], moment),
-        "num_input_rows": pa.array([5, 24818], pa.int64()),
-        "input_rows_per_second": [1.5, 2.5], "processed_rows_per_second": [3.5, 4.5],
-        "batch_duration_ms": pa.array([100, 200], pa.int64()),
-        "watermark": pa.array([None, None], moment),
+        "query_name": ["silver_ad_events", "silver_ad_events", "gold_campaign_stats"],
+        "batch_id": pa.array([1, 2, 3], pa.int64()),
+        "batch_at": pa.array([NOW - timedelta(seconds=9), NOW - timedelta(seconds=4),
+                              NOW - timedelta(seconds=6)], moment),
+        "num_input_rows": pa.array([5, 24818, 7], pa.int64()),
+        "input_rows_per_second": [1.5, 2.5, 1.0], "processed_rows_per_second": [3.5, 4.5, 1.0],
+        "batch_duration_ms": pa.array([100, 200, 300], pa.int64()),
+        "watermark": pa.array([None, None, datetime(2026, 11, 5, 11, 50, tzinfo=UTC)], moment),
         # NULL in one row: pandas read this column as float ("24,818.0").
-        "state_rows": pa.array([None, 24818], pa.int64()),
-        "rows_dropped_by_watermark": pa.array([None, 0], pa.int64())}))
-    write_deltalake(settings.table_path(views.WATERMARK_TABLE), pa.table({
-        "query_name": ["gold_campaign_stats"], "batch_id": pa.array([3], pa.int64()),
-        "watermark": pa.array([datetime(2026, 11, 5, 11, 50, tzinfo=UTC)], moment)}))
+        "state_rows": pa.array([None, 24818, None], pa.int64()),
+        "rows_dropped_by_watermark": pa.array([None, 0, None], pa.int64())}))
 
     shot = views.read_snapshot(settings, now=NOW)
     statuses = statuses_by_name(shot)

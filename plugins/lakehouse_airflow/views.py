@@ -4,7 +4,7 @@ The stream health page lists every stream the pipeline runs, from the first seco
 stream with no progress yet says so), with its state, last micro-batch, rates, watermark,
 state rows and late rows, and one verdict: green only when every stream is running and
 keeping up. ``read_snapshot`` does all the reading (``ops.stream_progress``,
-``ops.late_data``, ``ops.event_time_watermarks`` with ``deltalake``, i.e. delta-rs: no
+``ops.late_data`` with ``deltalake``, i.e. delta-rs: no
 Spark in the API server; the drivers' heartbeats and leases); ``stream_statuses``,
 ``verdict`` and ``render_stream_health`` are pure functions of it. ``latest_report`` finds
 the newest data quality report.
@@ -29,11 +29,9 @@ from spark_jobs.ops.leases import driver
 # PySpark, which the API server must not; ``tests/test_views.py`` keeps the two in step.
 STREAMS: tuple[str, ...] = ("bronze_ad_events", "silver_ad_events", "silver_ad_campaigns",
                             "gold_campaign_stats", "gold_ad_attribution")
-# The windowed streams, and where their event-time watermark is recorded. Campaign stats
-# applies its watermark itself in ``foreachBatch`` (Spark reports none for it), so it is
-# in ``ops.event_time_watermarks``; the attribution join's is Spark's, in the progress.
-OWN_WATERMARK = "gold_campaign_stats"
-WINDOWED = frozenset({OWN_WATERMARK, "gold_ad_attribution"})
+# The windowed streams: their progress rows carry their event-time watermark (Spark's for
+# the attribution join; the one campaign stats applies itself in ``foreachBatch``).
+WINDOWED = frozenset({"gold_campaign_stats", "gold_ad_attribution"})
 # Spark's own definition of falling behind is a batch taking longer than the trigger
 # interval; one slow batch (a compaction, a catch-up after a restart) is not a trend.
 FALLING_BEHIND_BATCHES = 3
@@ -42,7 +40,6 @@ NO_WATERMARK = datetime(1970, 1, 1, tzinfo=UTC)
 
 PROGRESS_TABLE = "ops/stream_progress"
 LATE_TABLE = "ops/late_data"
-WATERMARK_TABLE = "ops/event_time_watermarks"
 PROGRESS_COLUMNS = ["query_name", "batch_id", "batch_at", "num_input_rows",
                     "input_rows_per_second", "processed_rows_per_second",
                     "batch_duration_ms", "watermark", "state_rows",
@@ -67,7 +64,6 @@ class Snapshot:
     now: datetime
     progress: list[dict[str, Any]]  # ops.stream_progress rows
     late: list[dict[str, Any]]  # ops.late_data rows
-    watermarks: list[dict[str, Any]]  # ops.event_time_watermarks rows
     heartbeats: list[dict[str, Any]]  # the drivers' heartbeat files
     live_layers: frozenset[str]  # layers whose lease a running driver holds
     problems: list[str]  # the drivers' health verdict (``heartbeat.health``)
@@ -128,8 +124,6 @@ def read_snapshot(settings: Settings, now: datetime | None = None) -> Snapshot:
         now=now,
         progress=_table_rows(settings, PROGRESS_TABLE, PROGRESS_COLUMNS),
         late=_table_rows(settings, LATE_TABLE, ["layer", "late_rows"]),
-        watermarks=_table_rows(settings, WATERMARK_TABLE,
-                               ["query_name", "batch_id", "watermark"]),
         heartbeats=beats,
         live_layers=frozenset(layer for layer in layers if driver(settings, layer)),
         problems=heartbeat.health(settings, now).problems,
@@ -150,17 +144,6 @@ def _latest_batches(progress: Iterable[dict[str, Any]]) -> dict[str, list[dict[s
         rows.sort(key=lambda row: (_utc(row["batch_at"]) or NO_WATERMARK, row["batch_id"]),
                   reverse=True)
     return batches
-
-
-def _own_watermark(rows: Iterable[dict[str, Any]]) -> datetime | None:
-    """The watermark of the latest batch of the stream that records its own.
-
-    A stream's watermark never goes back, so the latest batch's is the largest. (Only a
-    checkpoint reset, which starts the stream over, would make an older one larger.)
-    """
-    marks = [mark for row in rows if row["query_name"] == OWN_WATERMARK
-             and (mark := _utc(row["watermark"])) is not None]
-    return max(marks, default=None)
 
 
 def _late_rows(late: Iterable[dict[str, Any]]) -> dict[str, int]:
@@ -235,10 +218,9 @@ def stream_statuses(snapshot: Snapshot) -> list[StreamStatus]:
         rows = batches.get(name, [])
         state, level = _state(name, rows, snapshot)
         latest = rows[0] if rows else {}
-        if name == OWN_WATERMARK:
-            watermark = _own_watermark(snapshot.watermarks)
-        else:
-            watermark = _utc(latest.get("watermark"))
+        # The newest batch that applied one (a batch with nothing to do may report none).
+        watermark = next((mark for row in rows if (mark := _utc(row["watermark"])) is not None),
+                         None)
         statuses.append(StreamStatus(
             stream=name, state=state, level=level,
             last_batch_at=_utc(latest.get("batch_at")), batch_id=latest.get("batch_id"),

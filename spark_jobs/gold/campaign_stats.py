@@ -13,7 +13,6 @@ it is counted in ``ops.late_data`` by window and date, for reprocessing to repai
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from pyspark.sql import Column
@@ -32,9 +31,10 @@ from spark_jobs.delta_writes import (
     idempotent_append_options,
     idempotent_dml,
     start_exactly_once,
+    time_bounds,
 )
-from spark_jobs.gold import writer
-from spark_jobs.ops import event_time_watermarks, gold_rebuilds, late_data
+from spark_jobs.gold import watermark, writer
+from spark_jobs.ops import gold_rebuilds, late_data, stream_progress
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.tables import TableSpec, ensure_table
@@ -81,11 +81,18 @@ def campaign_stats(events: DataFrame, mapping: DataFrame, window_duration: str) 
                     F.col("window.end").alias("window_end"), *COUNTS))
 
 
-def add_to_windows(spark: SparkSession, settings: Settings, stats: DataFrame) -> None:
+def add_to_windows(spark: SparkSession, settings: Settings, stats: DataFrame,
+                   windows: tuple[str, str]) -> None:
+    """MERGE the counts in. Scoped to the batch's windows (``windows``: the first and last
+    start, as timestamp literal text), so Delta skips the files of other windows by their
+    statistics: a batch's cost does not grow with the table."""
     from delta.tables import DeltaTable
 
+    first, last = windows
+    scope = f"t.window_start BETWEEN TIMESTAMP'{first}' AND TIMESTAMP'{last}'"
+    keys = " AND ".join(f"t.{key} = s.{key}" for key in KEYS)
     (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")
-        .merge(stats.alias("s"), " AND ".join(f"t.{key} = s.{key}" for key in KEYS))
+        .merge(stats.alias("s"), f"{scope} AND {keys}")
         .whenMatchedUpdate(set={name: f"t.{name} + s.{name}" for name in COUNTS})
         .whenNotMatchedInsertAll()
         .execute())
@@ -99,8 +106,11 @@ def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int,
 
 def _process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int,
              settings: Settings) -> None:
-    delay = timedelta(seconds=interval_seconds(settings.watermark_delay))
-    watermark = event_time_watermarks.watermark_before(spark, settings, query_id, batch_id, delay)
+    delay = interval_seconds(settings.watermark_delay) * 1_000_000
+    seen_before = watermark.latest_before(TABLE.path(settings), query_id, batch_id)
+    applied = None if seen_before is None else seen_before - delay
+    if applied is not None:
+        stream_progress.report_watermark(query_id, batch_id, watermark.naive_utc(applied))
     # Cached first, and only the columns read below: every step reads the micro-batch,
     # which is then scanned once.
     rows = (batch.select(*INPUTS).withColumn("_window", event_window(settings.window_duration))
@@ -108,33 +118,39 @@ def _process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int
     try:
         events = gold_rebuilds.not_yet_counted(spark, settings, silver.TABLE.path(settings),
                                                rows)
-        closed = (F.lit(False) if watermark is None
-                  else F.col("_window.end") <= F.lit(watermark))
-        late = (events.where(closed)
+        closed = (F.lit(False) if applied is None
+                  else F.col("_window.end") <= F.timestamp_micros(F.lit(applied)))
+        # One pass tells what the batch needs: a ledger commit only if something is late
+        # (most batches, and all before a watermark, have nothing late: a commit that
+        # writes nothing costs a gold batch as much as one that does), a MERGE only if
+        # something is on time, over the windows it touches.
+        summary = (events.withColumn("_on_time_start", F.when(~closed, F.col("_window.start")))
+                   .agg(F.unix_micros(F.max("event_time")).alias("latest"),
+                        F.count_if(closed).alias("late"),
+                        *time_bounds("_on_time_start")).first())
+        if summary.late:
+            (events.where(closed)
                 .groupBy("event_date", F.col("_window.start").alias("window_start"))
-                .agg(F.count("*").alias("late_rows")))
-        # Most batches have nothing late (and none before a watermark): a commit that
-        # writes nothing costs a gold batch as much as one that does.
-        if watermark is not None and not late.isEmpty():
-            (late.select(F.lit(LAYER).alias("layer"), "event_date", "window_start",
-                         "late_rows", F.lit(watermark).cast("timestamp").alias("watermark"),
-                         F.lit(query_id).alias("query_id"),
-                         F.lit(batch_id).cast("long").alias("batch_id"),
-                         F.current_timestamp().alias("recorded_at"),
-                         F.lit(None).cast("timestamp").alias("repaired_at"))
+                .agg(F.count("*").alias("late_rows"))
+                .select(F.lit(LAYER).alias("layer"), "event_date", "window_start",
+                        "late_rows", F.timestamp_micros(F.lit(applied)).alias("watermark"),
+                        F.lit(query_id).alias("query_id"),
+                        F.lit(batch_id).cast("long").alias("batch_id"),
+                        F.current_timestamp().alias("recorded_at"),
+                        F.lit(None).cast("timestamp").alias("repaired_at"))
                 .write.format("delta").mode("append")
                 .options(**idempotent_append_options(query_id, batch_id))
                 .save(late_data.TABLE.path(settings)))
 
-        mapping = spark.read.format("delta").load(ad_campaigns.TABLE.path(settings))
-        stats = campaign_stats(events.where(~closed).drop("_window"), mapping,
-                               settings.window_duration)
-        with idempotent_dml(spark, query_id, batch_id):
-            add_to_windows(spark, settings, stats)
-
-        latest = events.agg(F.max("event_time").alias("latest")).first().latest
-        event_time_watermarks.record(spark, settings, QUERY_NAME, query_id, batch_id,
-                                     latest, watermark)
+        latest = max((t for t in (seen_before, summary.latest) if t is not None), default=None)
+        if summary.first is not None:  # something on time
+            mapping = spark.read.format("delta").load(ad_campaigns.TABLE.path(settings))
+            stats = campaign_stats(events.where(~closed).drop("_window"), mapping,
+                                   settings.window_duration)
+            with (idempotent_dml(spark, query_id, batch_id),
+                  watermark.carried_by_commit(spark, query_id, batch_id, latest)):
+                add_to_windows(spark, settings, stats, (summary.first, summary.last))
+        watermark.remember(TABLE.path(settings), query_id, batch_id, latest)
     finally:
         rows.unpersist()
 
@@ -151,8 +167,7 @@ def read_silver_stream(spark: SparkSession, settings: Settings) -> DataFrame:
 
 def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
           ) -> StreamingQuery:
-    for table in (TABLE, ad_campaigns.TABLE, late_data.TABLE, event_time_watermarks.TABLE,
-                  gold_rebuilds.TABLE):
+    for table in (TABLE, ad_campaigns.TABLE, late_data.TABLE, gold_rebuilds.TABLE):
         ensure_table(spark, settings, table)
     return start_exactly_once(read_silver_stream(spark, settings), settings, QUERY_NAME,
                               process, trigger)

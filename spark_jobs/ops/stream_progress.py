@@ -6,6 +6,7 @@ and when a stream ends; read by the audit and the stream health view.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -43,6 +44,26 @@ SCHEMA = StructType([
 ])
 
 TABLE = TableSpec("ops.stream_progress", SCHEMA)
+
+# (query id, batch id) -> the event-time watermark a batch applied itself in
+# ``foreachBatch``, where Spark reports none; kept until its progress row is written.
+# Written by the streams' threads, read by the runner's.
+_applied_watermarks: dict[tuple[str, int], datetime] = {}
+_applied_watermarks_lock = threading.Lock()
+_WATERMARKS_KEPT = 1000  # a driver that records no progress must not grow this for ever
+
+
+def report_watermark(query_id: str, batch_id: int, watermark: datetime) -> None:
+    """The watermark (naive UTC) a micro-batch applied, for its progress row."""
+    with _applied_watermarks_lock:
+        _applied_watermarks[(query_id, batch_id)] = watermark
+        while len(_applied_watermarks) > _WATERMARKS_KEPT:
+            del _applied_watermarks[next(iter(_applied_watermarks))]
+
+
+def _applied_watermark(progress: StreamingQueryProgress) -> datetime | None:
+    with _applied_watermarks_lock:
+        return _applied_watermarks.pop((str(progress.id), progress.batchId), None)
 
 
 def _utc(text: str | None) -> datetime | None:
@@ -100,7 +121,9 @@ def _row(progress: StreamingQueryProgress) -> tuple[object, ...]:
         _utc(progress.timestamp), records,
         _rescaled(progress.inputRowsPerSecond, records, progress.numInputRows),
         records / seconds if seconds > 0 else None,
-        progress.batchDuration, _utc((progress.eventTime or {}).get("watermark")),
+        progress.batchDuration,
+        _utc((progress.eventTime or {}).get("watermark"))
+        or _applied_watermark(progress),
         sum(op.numRowsTotal for op in operators) if operators else None,
         sum(op.numRowsDroppedByWatermark for op in operators) if operators else None,
     )

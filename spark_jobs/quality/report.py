@@ -19,8 +19,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs.config import Settings
+from spark_jobs import delta_reader
+from spark_jobs.config import Settings, interval_seconds
 from spark_jobs.datasets import DATA_TABLES, REFERENCE_TABLES
+from spark_jobs.gold import campaign_stats, watermark
 from spark_jobs.quality import results
 
 if TYPE_CHECKING:
@@ -141,8 +143,11 @@ def freshness(spark: SparkSession, settings: Settings, now: datetime) -> pd.Data
                     f"{path('silver.ad_events')} UNION ALL SELECT ingested_at FROM "
                     f"{path('silver.quarantine')})")
     events = newest(f"SELECT max(event_time) FROM {path('silver.ad_events')}")
-    closed = newest(f"SELECT max(max_event_time) - INTERVAL '{settings.watermark_delay}' "
-                    f"FROM {path('ops.event_time_watermarks')}")
+    gold = campaign_stats.TABLE.path(settings)
+    latest = (watermark.latest_committed(gold) if delta_reader.is_delta_table(gold)
+              else None)
+    closed = (None if latest is None else watermark.naive_utc(latest)
+              - timedelta(seconds=interval_seconds(settings.watermark_delay)))
 
     def minutes(later: datetime | None, earlier: datetime | None) -> float | None:
         if later is None or earlier is None:

@@ -22,7 +22,7 @@ from spark_jobs import delta_reader
 from spark_jobs.config import Settings
 from spark_jobs.datasets import DATA_TABLES, REFERENCE_TABLES
 from spark_jobs.delta_writes import query_id, read_position
-from spark_jobs.gold import campaign_stats
+from spark_jobs.gold import campaign_stats, watermark
 from spark_jobs.ops import late_data
 from spark_jobs.quality import results, suites
 from spark_jobs.quality.results import Result
@@ -109,11 +109,12 @@ class GoldCut:
     """The gold stream at one moment, so that a validation beside the live stream compares
     figures that belong together.
 
-    A gold micro-batch appends to the late-data ledger, merges into gold, then records its
-    watermark, while the validation reads silver, gold and those two tables one after the
-    other. So gold is read at ``gold_version``, which holds the stream's batches up to
-    ``batch_id``; the ledger and the watermarks without the later batches of ``query_id``;
-    and silver at ``silver_version``, as those batches had read it. A reprocess marks ledger
+    A gold micro-batch appends to the late-data ledger, then merges into gold (the commit
+    carries its latest event time, ``gold.watermark``), while the validation reads silver,
+    gold and the ledger one after the other. So gold is read at ``gold_version``, which
+    holds the stream's batches up to ``batch_id`` and their ``latest_event_time``; the
+    ledger without the later batches of ``query_id``; and silver at ``silver_version``, as
+    those batches had read it. A reprocess marks ledger
     entries repaired after it has replaced their gold rows, so the ledger is read at
     ``ledger_version``, taken while gold stayed at ``gold_version``. Without a gold stream
     every table is read at its latest version.
@@ -124,6 +125,7 @@ class GoldCut:
     batch_id: int | None = None
     silver_version: int | None = None
     ledger_version: int | None = None
+    latest_event_time: int | None = None  # microseconds since the epoch
 
     def version_of(self, table: str) -> int | None:
         return self.gold_version if table == campaign_stats.TABLE.name else None
@@ -137,7 +139,10 @@ class GoldCut:
             later = -1 if self.batch_id is None else self.batch_id
             in_cut = f"NOT (query_id = '{self.query_id}' AND batch_id > {later})"
         ledger = _as_of(late_data.TABLE, settings, self.ledger_version)
-        return {"silver_seen_by_gold": seen, "in_gold_cut": in_cut, "late_data_in_cut": ledger}
+        latest = ("CAST(NULL AS TIMESTAMP)" if self.latest_event_time is None
+                  else f"TIMESTAMP_MICROS({int(self.latest_event_time)})")
+        return {"silver_seen_by_gold": seen, "in_gold_cut": in_cut, "late_data_in_cut": ledger,
+                "gold_latest_event_time": latest}
 
 
 def _as_of(spec: TableSpec, settings: Settings, version: int | None) -> str:
@@ -161,12 +166,13 @@ def gold_cut(settings: Settings) -> GoldCut:
                   if delta_reader.is_delta_table(ledger_path) else None)
         if delta_reader.latest_version(gold) == version:
             break
+    latest = watermark.latest_committed(gold, query, version=version)
     if batch is None:
-        return GoldCut(version, query, ledger_version=ledger)
+        return GoldCut(version, query, ledger_version=ledger, latest_event_time=latest)
     # Batch ``batch`` read silver up to this version, exclusive.
     position = read_position(checkpoint, batch)
     return GoldCut(version, query, batch, None if position is None else max(position - 1, 0),
-                   ledger)
+                   ledger, latest)
 
 
 def snapshot(spark: SparkSession, settings: Settings, suite: Suite, first: date | None,
