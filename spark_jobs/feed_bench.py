@@ -31,6 +31,7 @@ and generating costs the machine nothing while it is measured.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import shutil
 import statistics
@@ -48,7 +49,7 @@ from spark_jobs import delta_reader, streaming
 from spark_jobs.config import Settings
 from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import campaign_stats
-from spark_jobs.ops import heartbeat
+from spark_jobs.ops import heartbeat, stream_progress
 
 SUSTAIN_SECONDS = 300
 LATENCY_SECONDS = 180
@@ -208,6 +209,7 @@ def trial(spark: SparkSession, settings: Settings, scratch: Path, rate: int,
         verdict = f"latency grew {slope:.2f} s per second of feed"
     values = [latency for _, latency in warm]
     return {
+        "stages": stages(settings, first_landing + WARM_UP_SECONDS),
         "rate": rate, "seconds_fed": len(seen.landed), "events_landed": seen.landed[-1][1],
         "kept_up": verdict is None, "fell_behind": verdict,
         "max_backlog_seconds": round(max_backlog, 1), "latency_slope": round(slope, 3),
@@ -216,6 +218,30 @@ def trial(spark: SparkSession, settings: Settings, scratch: Path, rate: int,
                             "max": round(max(values), 1), "files": len(values)}
         if values else None,
     }
+
+
+def stages(settings: Settings, since: float) -> dict[str, dict[str, float]]:
+    """Each stream's batches that read records after ``since`` (epoch seconds), from its
+    ``ops.stream_progress`` rows: how often one started, how long one ran, and how many
+    records it read (medians). A record waits for each stage's next batch, then for that
+    batch to finish: these bound the latency stage by stage."""
+    batches: dict[str, list[dict[str, Any]]] = {}
+    for row in delta_reader.read_rows(stream_progress.TABLE.path(settings)):
+        started = row["batch_at"].replace(tzinfo=row["batch_at"].tzinfo or UTC)
+        if row["num_input_rows"] and started.timestamp() >= since:
+            batches.setdefault(row["query_name"], []).append(row)
+    profile = {}
+    for name, rows in sorted(batches.items()):
+        rows.sort(key=lambda row: row["batch_at"])
+        gaps = [(later["batch_at"] - earlier["batch_at"]).total_seconds()
+                for earlier, later in itertools.pairwise(rows)]
+        profile[name] = {
+            "batches": len(rows),
+            "every_seconds": round(statistics.median(gaps), 1) if gaps else None,
+            "duration_seconds": round(statistics.median(
+                row["batch_duration_ms"] for row in rows) / 1000, 1),
+            "records": round(statistics.median(row["num_input_rows"] for row in rows))}
+    return profile
 
 
 def _wait(condition: Callable[[], object], what: str, timeout: float = 300) -> None:
@@ -256,4 +282,11 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"| {name} | {t['rate']:,} | {'yes' if t['kept_up'] else t['fell_behind']}"
                      f" | {t['max_backlog_seconds']} s | {latency['p50']} s "
                      f"| {latency['p99']} s |")
+    latency = results["latency"]
+    lines += ["", f"stages in the latency trial ({latency['rate']:,} events/s; medians)", "",
+              "| stream | batch every | batch ran | records a batch |",
+              "| --- | --- | --- | --- |"]
+    for name, stage in latency.get("stages", {}).items():
+        lines.append(f"| {name} | {stage['every_seconds']} s | {stage['duration_seconds']} s "
+                     f"| {stage['records']:,} |")
     return "\n".join(lines)

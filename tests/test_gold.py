@@ -293,3 +293,45 @@ def test_a_stats_batch_reads_only_the_files_of_its_windows(spark, settings, tmp_
     rows = {r.window_start.strftime("%H:%M"): (r.views, r.clicks)
             for r in table(spark, settings, campaign_stats.TABLE).collect()}
     assert rows == {"08:00": (1, 0), "12:00": (1, 0), "16:00": (2, 0), "16:01": (0, 1)}
+
+
+def test_a_batch_replayed_after_its_ledger_committed_decides_as_its_first_attempt(
+        spark, settings, monkeypatch) -> None:
+    stream_batches(spark, settings, [
+        [("a", at(0), "view", "ad-1")],
+        [("b", at(30), "view", "ad-1")],  # watermark 12:20 from now on
+    ])
+    batch = [("late", at(19), "view", "ad-1"), ("on-time", at(25), "view", "ad-1")]
+
+    def killed(*_args, **_kwargs) -> None:
+        raise RuntimeError("driver killed between the ledger append and the MERGE")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(campaign_stats, "add_to_windows", killed)
+        with pytest.raises(RuntimeError):
+            campaign_stats.process(spark, events(spark, batch), QUERY, 2, settings=settings)
+    watermark._latest_through.clear()  # the restarted driver
+    campaign_stats.process(spark, events(spark, batch), QUERY, 2, settings=settings)
+    # The replay applied 12:20 again: "late" is in the ledger once and in no window.
+    assert [(r.window_start.strftime("%H:%M"), r.late_rows)
+            for r in table(spark, settings, late_data.TABLE).collect()] == [("12:19", 1)]
+    rows = {r.window_start.strftime("%H:%M"): r.views
+            for r in table(spark, settings, campaign_stats.TABLE).collect()}
+    assert rows == {"12:00": 1, "12:30": 1, "12:25": 1}
+
+
+def test_a_lake_from_before_the_commit_metadata_resumes_with_its_recorded_watermark(
+        spark, settings) -> None:
+    stream_batches(spark, settings, [])
+    # As the earlier design left it: batches 0 and 1 recorded in the ops table, gold's
+    # commits carrying nothing.
+    legacy = settings.table_path(watermark.LEGACY_TABLE)
+    spark.sql(f"SELECT '{QUERY}' AS query_id, id AS batch_id, TIMESTAMP'2026-11-22 12:00:00' "
+              f"+ id * INTERVAL 30 MINUTES AS max_event_time FROM range(2)"
+              ).write.format("delta").save(legacy)
+    watermark._latest_through.clear()
+    campaign_stats.process(spark, events(spark, [("late", at(19), "view", "ad-1")]), QUERY,
+                           2, settings=settings)
+    # Batch 1's 12:30 less 10 minutes: the event's window closed at 12:20.
+    assert [r.watermark for r in table(spark, settings, late_data.TABLE).collect()] == [
+        at(20)]

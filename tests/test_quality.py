@@ -16,9 +16,9 @@ from pyspark.sql import functions as F
 
 from spark_jobs import delta_reader, reasons, streaming
 from spark_jobs.bronze import ad_events as bronze
-from spark_jobs.config import ConfigError
+from spark_jobs.config import ConfigError, interval_seconds
 from spark_jobs.generator import GenerateRequest, Mess, generate
-from spark_jobs.gold import ad_attribution, campaign_stats
+from spark_jobs.gold import ad_attribution, campaign_stats, watermark
 from spark_jobs.ops import late_data
 from spark_jobs.quality import report, results, suites
 from spark_jobs.quality.validate import gold_cut, validate
@@ -76,8 +76,9 @@ def test_a_date_range_leaves_out_the_whole_table_checks(settings) -> None:
 def test_an_unknown_suite_or_placeholder_is_a_clear_error(settings) -> None:
     with pytest.raises(ConfigError, match="no expectation suite for gold.nope"):
         suites.load(settings, "gold.nope")
-    # $in_gold_cut is a value of the run, not a setting.
-    with pytest.raises(ConfigError, match=r"uses \$in_gold_cut"):
+    # $gold_latest_event_time (the suite's first placeholder) is a value of the run, not a
+    # setting.
+    with pytest.raises(ConfigError, match=r"uses \$gold_latest_event_time"):
         suites.load(settings, "gold.campaign_stats")
 
 
@@ -96,9 +97,8 @@ def test_clean_data_passes_every_suite_and_is_recorded(spark, clean_root) -> Non
     assert all(d and (clean_root.reports_dir / d).exists() for d in details)
     assert (clean_root.reports_dir / "data_docs" / "index.html").exists()
     # The reconciliation is not vacuous: the watermark has closed windows.
-    closed = spark.sql(
-        f"SELECT max(watermark) FROM delta.`{clean_root.table_path('ops/stream_progress')}` "
-        f"WHERE query_name = 'gold_campaign_stats'").first()[0]
+    closed = (watermark.naive_utc(gold_cut(clean_root).latest_event_time)
+              - timedelta(seconds=interval_seconds(clean_root.watermark_delay)))
     gold = spark.read.format("delta").load(campaign_stats.TABLE.path(clean_root))
     assert gold.where(F.col("window_end") <= F.lit(closed)).count() > 0
 
@@ -124,10 +124,12 @@ def test_a_gold_batch_during_the_validation_does_not_skew_the_reconciliation(
     shutil.copytree(clean_root.root, root)
     settings = make_settings(root)
     read_silver = spark.read.format("delta").load(silver.TABLE.path(settings))
-    # Two more old events reach silver; the real gold stream's next batch finds their window
-    # closed and lists them in the ledger, before the cut.
+    # Two more old events and a new one reach silver; the real gold stream's next batch
+    # counts the new one (its MERGE makes it the cut's batch) and finds the old ones' window
+    # closed, so the ledger lists them, before the cut.
     _append(spark, settings, silver.TABLE, read_silver.orderBy("event_time").limit(2)
-            .withColumn("event_id", F.concat(F.lit("late-"), "event_id")))
+            .unionByName(read_silver.orderBy(F.desc("event_time")).limit(1))
+            .withColumn("event_id", F.concat(F.lit("before-cut-"), "event_id")))
     streaming.run_available_now(spark, settings, ["gold"])
     cut = gold_cut(settings)
     assert cut.batch_id is not None and cut.silver_version is not None

@@ -106,8 +106,9 @@ def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int,
 
 def _process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int,
              settings: Settings) -> None:
-    delay = interval_seconds(settings.watermark_delay) * 1_000_000
-    seen_before = watermark.latest_before(TABLE.path(settings), query_id, batch_id)
+    delay = round(interval_seconds(settings.watermark_delay) * 1_000_000)
+    seen_before = watermark.latest_before(TABLE.path(settings), query_id, batch_id,
+                                          settings.table_path(watermark.LEGACY_TABLE))
     applied = None if seen_before is None else seen_before - delay
     if applied is not None:
         stream_progress.report_watermark(query_id, batch_id, watermark.naive_utc(applied))

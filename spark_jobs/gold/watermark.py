@@ -12,14 +12,19 @@ time, and a late event is older than the watermark, itself older than the latest
 newest commit of the query before a batch holds that batch's figure. A driver reads the log
 for its first batch (or a replay) and then carries the figure from batch to batch; the
 watermark each batch applied goes to ``ops.stream_progress`` beside Spark's own.
+
+Delta drops commit files older than the log's retention (30 days) once a checkpoint follows
+them. A query that committed nothing for that long starts again without a watermark: its
+next batch counts every event into its window, none into the ledger, which keeps gold equal
+to silver for those windows; what it cannot do is tell late from on time for that batch.
 """
 
 from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from spark_jobs import delta_reader
 
@@ -33,19 +38,31 @@ USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 # OPTIMIZE may have committed since); the whole log only if not.
 RECENT_COMMITS = 100
 EPOCH = datetime(1970, 1, 1)
+# Where lakes from before 25 November 2026 recorded it, a row per batch.
+LEGACY_TABLE = "ops/event_time_watermarks"
 
 # (table, query id) -> (the last batch this driver finished, the latest event time up to
 # it, in microseconds since the epoch: unambiguous in any time zone).
 _latest_through: dict[tuple[str, str], tuple[int, int | None]] = {}
 
 
-def latest_before(table_path: str, query_id: str, batch_id: int) -> int | None:
+def latest_before(table_path: str, query_id: str, batch_id: int,
+                  legacy_table_path: str | None = None) -> int | None:
     """The latest event time of the query's batches before ``batch_id``, in microseconds
-    since the epoch; None before any event was seen."""
+    since the epoch; None before any event was seen (or, see the module, when the commit
+    carrying it is older than the log keeps). ``legacy_table_path``: the ops table a lake
+    from before this design recorded it in, read until the query's first new commit."""
     remembered = _latest_through.get((table_path, query_id))
     if remembered is not None and remembered[0] == batch_id - 1:
         return remembered[1]
-    return latest_committed(table_path, query_id, before_batch=batch_id)
+    latest = latest_committed(table_path, query_id, before_batch=batch_id)
+    if latest is None and legacy_table_path and delta_reader.is_delta_table(legacy_table_path):
+        recorded = [_micros(row["max_event_time"]) for row in delta_reader.read_rows(
+                        legacy_table_path, ["query_id", "batch_id", "max_event_time"])
+                    if row["query_id"] == query_id and row["batch_id"] < batch_id
+                    and row["max_event_time"] is not None]
+        latest = max(recorded, default=None)
+    return latest
 
 
 def latest_committed(table_path: str, query_id: str | None = None, *,
@@ -56,11 +73,30 @@ def latest_committed(table_path: str, query_id: str | None = None, *,
     Read without Spark."""
     for limit in (RECENT_COMMITS, None):
         for text in delta_reader.user_metadata(table_path, version, limit):
-            mark = json.loads(text) if text and text.startswith("{") else {}
-            if "latest_event_time" in mark and query_id in (None, mark["query_id"]) and (
+            mark = _mark(text)
+            if mark and query_id in (None, mark["query_id"]) and (
                     before_batch is None or mark["batch_id"] < before_batch):
                 return mark["latest_event_time"]
     return None
+
+
+def _mark(text: str | None) -> dict[str, Any] | None:
+    """The figure a commit carries, if its user metadata is ours (other writers may set
+    theirs)."""
+    try:
+        mark = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(mark, dict) or not {"query_id", "batch_id",
+                                          "latest_event_time"} <= mark.keys():
+        return None
+    return mark
+
+
+def _micros(moment: datetime) -> int:
+    """A timestamp delta-rs read (naive UTC or aware) as microseconds since the epoch."""
+    naive = moment if moment.tzinfo is None else moment.astimezone(UTC).replace(tzinfo=None)
+    return (naive - EPOCH) // timedelta(microseconds=1)
 
 
 @contextmanager

@@ -52,7 +52,7 @@ def load(settings: Settings, table: str, first: date | None = None, last: date |
     """The suite of ``table`` for the dates ``first`` to ``last`` (the whole table if None).
 
     ``values`` fills placeholders that depend on the run (``$silver_seen_by_gold``,
-    ``$in_gold_cut``)."""
+    ``$in_gold_cut``, ``$gold_latest_event_time``)."""
     path = settings.expectations_dir / f"{table}.json"
     if not path.exists():
         raise ConfigError(f"no expectation suite for {table}: {path} does not exist")

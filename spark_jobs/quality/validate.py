@@ -114,7 +114,8 @@ class GoldCut:
     gold and the ledger one after the other. So gold is read at ``gold_version``, which
     holds the stream's batches up to ``batch_id`` and their ``latest_event_time``; the
     ledger without the later batches of ``query_id``; and silver at ``silver_version``, as
-    those batches had read it. A reprocess marks ledger
+    those batches had read it. (A batch with nothing on time writes only to the ledger, so
+    it is later than the cut until a batch after it merges into gold.) A reprocess marks ledger
     entries repaired after it has replaced their gold rows, so the ledger is read at
     ``ledger_version``, taken while gold stayed at ``gold_version``. Without a gold stream
     every table is read at its latest version.
@@ -156,8 +157,10 @@ def gold_cut(settings: Settings) -> GoldCut:
     """Gold's latest version, the stream's last batch in it, and what that batch had read."""
     checkpoint = settings.checkpoint(campaign_stats.QUERY_NAME)
     gold = campaign_stats.TABLE.path(settings)
-    if not (Path(checkpoint) / "metadata").exists() or not delta_reader.is_delta_table(gold):
+    if not delta_reader.is_delta_table(gold):
         return GoldCut()
+    if not (Path(checkpoint) / "metadata").exists():  # no stream: gold as its queries left it
+        return GoldCut(latest_event_time=watermark.latest_committed(gold))
     query = str(uuid.UUID(query_id(checkpoint)))  # Spark's id, checked before it enters SQL
     ledger_path = late_data.TABLE.path(settings)
     for _ in range(CUT_ATTEMPTS):  # a ledger version read while gold did not move
