@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROGRESS_FLUSH_SECONDS = 5.0
+POOL = "spark.scheduler.pool"
 
 # Layer name -> the modules whose ``start`` launch its queries, in dependency order.
 LAYERS: dict[str, tuple[str, ...]] = {
@@ -59,8 +60,18 @@ def parse_layers(text: str | None) -> list[str]:
 
 def _start_layer(spark: SparkSession, settings: Settings, layer: str,
                  trigger: dict[str, object]) -> list[StreamingQuery]:
-    return [importlib.import_module(module).start(spark, settings, trigger)
-            for module in LAYERS[layer]]
+    queries = []
+    for module in LAYERS[layer]:
+        stream = importlib.import_module(module)
+        # A scheduler pool per stream (a query runs its jobs in the pool set where it
+        # starts): under FAIR scheduling, a long job of one stream does not hold every core
+        # while the short jobs of the others wait behind it.
+        spark.sparkContext.setLocalProperty(POOL, stream.QUERY_NAME)
+        try:
+            queries.append(stream.start(spark, settings, trigger))
+        finally:
+            spark.sparkContext.setLocalProperty(POOL, None)
+    return queries
 
 
 def _raise_if_failed(queries: Iterable[StreamingQuery]) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, LongType, StructField, StructType, TimestampType
 
+from spark_jobs import delta_reader
 from spark_jobs.config import Settings
 from spark_jobs.tables import TableSpec, local_rows
 
@@ -45,18 +46,20 @@ def record(spark: SparkSession, settings: Settings, days: list[date], silver_ver
 def not_yet_counted(spark: SparkSession, settings: Settings, silver_path: str,
                     events: DataFrame) -> DataFrame:
     """``events`` without those a rebuild of their date already counted."""
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, TABLE.path(settings)):
-        return events  # never rebuilt
-    batch_dates = events.select("event_date").distinct()
-    latest_rebuilds = (spark.read.format("delta").load(TABLE.path(settings))
-                       .groupBy("event_date").agg(F.max("silver_version").alias("version"))
-                       .join(batch_dates, "event_date").collect())
+    # A few rows, read in the driver without a Spark job: most gold batches (all, on a lake
+    # never reprocessed) have no rebuilt date to look for.
+    rebuilt: dict[date, int] = {}
+    for row in delta_reader.read_rows(TABLE.path(settings), ["event_date", "silver_version"]):
+        rebuilt[row["event_date"]] = max(row["silver_version"],
+                                         rebuilt.get(row["event_date"], -1))
+    if not rebuilt:
+        return events
+    batch_dates = [row.event_date for row in events.select("event_date").distinct().collect()]
+    latest_rebuilds = [(day, rebuilt[day]) for day in batch_dates if day in rebuilt]
     if not latest_rebuilds:
         return events
     counted = reduce(lambda left, right: left.unionByName(right), [
-        spark.read.format("delta").option("versionAsOf", rebuild.version).load(silver_path)
-        .where(F.col("event_date") == F.lit(rebuild.event_date)).select("event_id")
-        for rebuild in latest_rebuilds])
+        spark.read.format("delta").option("versionAsOf", version).load(silver_path)
+        .where(F.col("event_date") == F.lit(day)).select("event_id")
+        for day, version in latest_rebuilds])
     return events.join(counted, "event_id", "left_anti")
