@@ -211,11 +211,14 @@ def main() -> None:
                                                  args.growth_rows, args.repetitions)
         if "maintenance" in parts:
             results["maintenance"] = run(spark, root / "maintenance")
+    except BaseException as error:  # the parts that finished are kept, with the failure
+        results["failed"] = f"{type(error).__name__}: {error}"
+        raise
     finally:
         spark.stop()
-    args.results.mkdir(parents=True, exist_ok=True)
-    output = args.results / f"bench-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
-    output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        args.results.mkdir(parents=True, exist_ok=True)
+        output = args.results / f"bench-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
+        output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     for part, show in (("pipeline", pipeline_bench.render), ("feed", feed_bench.render),
                        ("growth", growth_bench.render),
                        ("maintenance", render)):

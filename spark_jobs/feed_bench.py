@@ -37,6 +37,7 @@ import shutil
 import statistics
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -146,6 +147,11 @@ def trial(spark: SparkSession, settings: Settings, scratch: Path, rate: int,
           seconds: int) -> dict[str, Any]:
     """``rate`` events a second for ``seconds`` on a fresh root, every layer streaming."""
     pool = clean_pool(scratch / "pool", rate, seconds)
+    # A root of its own: a stopped query's background work (RocksDB's snapshot upload)
+    # can still write into its checkpoint after the stop, which a reused root would then
+    # hold on the next trial's batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY).
+    settings = dataclasses.replace(
+        settings, root=settings.root.with_name(f"{settings.root.name}-{uuid.uuid4().hex[:8]}"))
     shutil.rmtree(settings.root, ignore_errors=True)
     settings.landing_campaigns.mkdir(parents=True)
     for mapping in pool.campaigns:
