@@ -69,6 +69,7 @@ class Settings:
     spark_driver_host: str
     spark_java_options: str
     shuffle_partitions: int
+    file_listing_parallelism: int
     jars_dir: Path
     trigger_interval: str
     max_files_per_trigger: int
@@ -179,8 +180,8 @@ def _validated(values: dict[str, Any]) -> Settings:
     if values["streaming_mode"] not in STREAMING_MODES:
         raise ConfigError(f"streaming_mode must be one of {', '.join(STREAMING_MODES)}, "
                           f"not {values['streaming_mode']!r}")
-    for key in ("shuffle_partitions", "max_files_per_trigger", "stall_trigger_intervals",
-                "quality_report_days", "reprocess_parallel_days"):
+    for key in ("shuffle_partitions", "file_listing_parallelism", "max_files_per_trigger",
+                "stall_trigger_intervals", "quality_report_days", "reprocess_parallel_days"):
         if values[key] < 1:
             raise ConfigError(f"{key} must be at least 1, not {values[key]}")
     for key in ("trigger_interval", "future_tolerance", "watermark_delay",

@@ -24,6 +24,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # Event time is UTC by contract; event_date must not depend on the machine's zone.
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism":
+            str(settings.file_listing_parallelism),
         # A record with a repeated key ({"a":1,"a":2}) must not fail a whole batch.
         "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
         # RocksDB keeps streaming state off the JVM heap and checkpoints it incrementally.

@@ -2,6 +2,7 @@
 table stays readable by another Delta reader."""
 
 import shutil
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -90,6 +91,29 @@ def test_an_unsafe_vacuum_is_refused_and_a_dry_run_changes_nothing(spark, settin
     [done] = maintain(spark, settings, [spec.name], run_optimize=True, run_vacuum=False,
                       retention=None, dry_run=False)
     assert (done.files_before, done.files_after) == (3, 1)
+
+
+def test_vacuum_lists_a_small_table_with_a_few_tasks(spark, settings) -> None:
+    """VACUUM lists a table with Spark's file-listing parallelism as its tasks, in each of
+    its passes. Spark's default, 10,000 tasks, made a VACUUM of a table of a few files take
+    minutes on two cores; the project's setting is a handful."""
+    spec = TABLES["silver.quarantine"]
+    spark.createDataFrame([], spec.schema).write.format("delta").save(spec.path(settings))
+    group = f"vacuum-{uuid.uuid4().hex}"
+    spark.sparkContext.setJobGroup(group, "the VACUUM under test")
+    try:
+        maintain(spark, settings, [spec.name], run_optimize=False, run_vacuum=True,
+                 retention=None, dry_run=False)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    tracker = spark.sparkContext.statusTracker()
+    stages = [stage for job in tracker.getJobIdsForGroup(group)
+              for stage in tracker.getJobInfo(job).stageIds]
+    tasks = sum(info.numTasks for info in map(tracker.getStageInfo, stages) if info)
+    assert stages, "the VACUUM ran no Spark job in its group"
+    # A dozen stages of at most file_listing_parallelism (8) or shuffle_partitions (2)
+    # tasks each; with Spark's default the listing alone is 10,000 a pass.
+    assert tasks <= 8 * len(stages), (len(stages), tasks)
 
 
 def test_cli_refuses_unknown_tables(tmp_path) -> None:
