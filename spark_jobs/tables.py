@@ -10,6 +10,7 @@ could not share.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -63,8 +64,34 @@ def create_statement(spec: TableSpec, settings: Settings) -> str:
             f"CREATE TABLE IF NOT EXISTS {spec.name} USING DELTA LOCATION '{spec.path(settings)}';")
 
 
+# (Spark application, table name) -> the path this process last created or found the table
+# at and pointed the name to. Jobs ensure a table before each use (the stream runner before
+# every progress flush, a rebuild before every read): after the first, that costs nothing.
+_ENSURED: dict[tuple[str, str], str] = {}
+
+
 def ensure_table(spark: SparkSession, settings: Settings, spec: TableSpec) -> None:
-    """Create the Delta table at its path if it is missing, and register its name."""
+    """Create the Delta table at its path if it is missing, and register its name.
+
+    Once per Spark application and path: creating, or finding, a table loads its log, and
+    re-pointing its name is three catalog statements; together about a second on an idle
+    laptop, several beside the streams. A table whose log has gone from the local disk since
+    (a test's root wiped, a bench's root reused) is created again."""
+    path = spec.path(settings)
+    ensured = (spark.sparkContext.applicationId, spec.name)
+    if _ENSURED.get(ensured) == path and _log_present(path):
+        return
+    _create_and_register(spark, settings, spec)
+    _ENSURED[ensured] = path
+
+
+def _log_present(path: str) -> bool:
+    """Whether the table's log is still there; a path with a scheme (an object store) is
+    not looked at, and taken to be."""
+    return "://" in path or os.path.isdir(os.path.join(path, "_delta_log"))
+
+
+def _create_and_register(spark: SparkSession, settings: Settings, spec: TableSpec) -> None:
     from delta.tables import DeltaTable
 
     builder = (DeltaTable.createIfNotExists(spark)

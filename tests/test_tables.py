@@ -1,6 +1,7 @@
 """Table helpers: rows the driver holds become a DataFrame without Python workers; tables
 are created once however many jobs start at the same moment."""
 
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime
@@ -16,7 +17,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs import delta_reader
+from spark_jobs import delta_reader, tables
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.tables import ensure_table, local_rows
 from tests.conftest import make_settings
@@ -72,3 +73,33 @@ def test_jobs_starting_together_create_a_table_once_and_none_fails(spark, tmp_pa
 def _create_after(start: threading.Barrier, spark, settings) -> None:
     start.wait()
     ensure_table(spark, settings, bronze.TABLE)
+
+
+def test_a_table_is_ensured_once_until_its_log_is_gone_or_its_name_points_elsewhere(
+        spark, tmp_path, monkeypatch) -> None:
+    """Jobs ensure a table before every use (the stream runner before each progress flush):
+    after the first time in a Spark application that does no Delta or catalog work, unless
+    the table was wiped or its name was pointed at another root's table meanwhile."""
+    created: list[str] = []
+    create = tables._create_and_register
+
+    def counted(spark, settings, spec) -> None:
+        created.append(str(settings.root))
+        create(spark, settings, spec)
+
+    monkeypatch.setattr(tables, "_create_and_register", counted)
+    lake, other = make_settings(tmp_path / "lake"), make_settings(tmp_path / "other")
+    ensure_table(spark, lake, bronze.TABLE)
+    ensure_table(spark, lake, bronze.TABLE)
+    assert created == [str(lake.root)]  # the second call found it ensured
+
+    shutil.rmtree(bronze.TABLE.path(lake))
+    ensure_table(spark, lake, bronze.TABLE)
+    assert delta_reader.latest_version(bronze.TABLE.path(lake)) == 0  # created again
+
+    # The name follows the root last ensured, there and back.
+    ensure_table(spark, other, bronze.TABLE)
+    ensure_table(spark, lake, bronze.TABLE)
+    assert created == [str(lake.root), str(lake.root), str(other.root), str(lake.root)]
+    location = spark.sql("DESCRIBE DETAIL bronze.ad_events").first().location
+    assert location.rstrip("/").endswith(bronze.TABLE.path(lake).lstrip("/"))

@@ -203,7 +203,8 @@ def validate(spark: SparkSession, settings: Settings, tables: list[str],
                         [])
     cut = cut or gold_cut(settings)
     values = cut.values(settings)
-    source = gx_context.data_sources.add_or_update_spark(DATASOURCE)
+    # Each snapshot is cached here, once; Great Expectations would cache it again.
+    source = gx_context.data_sources.add_or_update_spark(DATASOURCE, persist=False)
     for table in tables:
         suite = suites.load(settings, table, first, last, values)
         frame = snapshot(spark, settings, suite, first, last, cut.version_of(table)).persist()
