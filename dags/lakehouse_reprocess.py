@@ -17,12 +17,17 @@ Rebuilds event dates of silver and gold from bronze with `lakehouse reprocess`
   rules first). No parameter is required; a bad date is refused, naming the parameter.
 
 **Which day did a run rebuild?** The run's *data interval start* (run details), which for
-scheduled and backfill runs is also the *logical date* the grid's tooltip shows. A manual
+scheduled and backfill runs is also the *logical date* the grid's tooltip shows. Not the date
+in the run id: Airflow names a scheduled or backfill run after the moment it may start, the
+end of its interval, so `backfill__2026-11-23T00:00:00+00:00` rebuilt 2026-11-22 (Airflow
+3.3 builds backfill run ids itself; a timetable cannot rename them). A manual
 run triggered at a given logical date rebuilds the day before it (the last complete day),
 or `from`..`to` when given; one triggered without a logical date, the day before it ran.
 At most `reprocess_parallel_days` days rebuild at once (2 on the embedded default), whatever
 started them (a backfill, with whatever *max active runs* it was given, the nightly run, a
-manual trigger): the rebuild tasks carry the bound; the other days wait their turn.
+manual trigger): the rebuild tasks carry the bound; the other days wait their turn. The
+*Run Backfill* dialog's *Max Active Runs* (1 unless changed) lets only that many of its days
+run at once.
 The task *rebuild the run's day (or from..to)* states the exact range: its *Rendered
 Templates* tab shows `--from … --to …`, and its log the submitted command. (A task cannot
 write the run's note in Airflow 3: the Task SDK has no call for it; add a note when
