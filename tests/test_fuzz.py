@@ -166,7 +166,8 @@ def test_validation_gives_every_record_one_well_formed_verdict(spark, lines, val
 @given(files=st.lists(st.lists(LINES, min_size=1, max_size=60), min_size=1, max_size=4),
        valid=st.lists(valid_records(POOLED_IDS), min_size=1, max_size=20),
        gzipped=st.booleans())
-@settings(max_examples=2, suppress_health_check=[
+# Each example is two streams on a fresh root, about 25 s: a tenth of the profile's examples.
+@settings(max_examples=max(2, settings.default.max_examples // 10), suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 def test_the_stream_places_every_fuzzed_record_exactly_once(spark, tmp_path, files, valid,
                                                              gzipped) -> None:
