@@ -182,7 +182,7 @@ def main() -> None:
                         help="rows already in silver for the growth measurement")
     parser.add_argument("--feed-rate", type=int,
                         help="events a second of the first sustained trial (default: "
-                        f"{FEED_START_SHARE:.0%} of the pipeline's backlog rate, measured "
+                        f"{FEED_START_SHARE:.0%}% of the pipeline's backlog rate, measured "
                         f"first, or {FEED_START_RATE:,})")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated, among {', '.join(PARTS)}")

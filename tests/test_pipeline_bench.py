@@ -1,4 +1,7 @@
-"""The pipeline bench's arithmetic (no Spark)."""
+"""The pipeline bench's arithmetic and command line (no Spark)."""
+
+import subprocess
+import sys
 
 from spark_jobs.pipeline_bench import _covered_seconds
 
@@ -11,3 +14,17 @@ def test_a_layer_s_time_counts_side_by_side_batches_once() -> None:
     assert _covered_seconds([(0.0, 10.0), (2.0, 3.0)]) == 10.0
     assert _covered_seconds([(0.0, 2.0), (2.0, 5.0)]) == 5.0
     assert _covered_seconds([]) == 0.0
+
+
+def test_make_bench_explains_itself_and_refuses_an_unknown_part() -> None:
+    # Both exit before any Spark: --help (a percent sign in a help text once crashed it,
+    # argparse reads it as a format) and a part the bench does not have.
+    def bench(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "spark_jobs.bench", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    helped = bench("--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "% of the pipeline's backlog rate" in helped.stdout
+    refused = bench("--parts", "pipeline,speed")
+    assert refused.returncode == 2 and "unknown part(s) speed" in refused.stderr
