@@ -40,6 +40,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {value}")
+    return value
+
+
 def positive_number(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -187,6 +194,23 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     print(json.dumps(accounting.as_json(), indent=2, default=str) if args.json
           else render(accounting))
     return 0 if accounting.identity_holds and accounting.matches_expected else 1
+
+
+def cmd_chaos(settings: Settings, args: argparse.Namespace) -> int:
+    from spark_jobs import chaos
+
+    try:
+        report = chaos.run(settings, chaos.ChaosOptions(faults=args.faults, seed=args.seed,
+                                                        rate=args.rate))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    except chaos.DriverFailed as error:
+        print(f"lakehouse chaos: a stream failed for good: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2, default=str))
+    print(report.summary(), file=sys.stderr if args.json else sys.stdout)
+    return 0 if report.ok else 1
 
 
 def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
@@ -459,6 +483,16 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--expected", nargs="?", const="", metavar="FILE",
                        help="also compare with the generator's expected counts "
                             "(default file: <root>/landing/expected_counts.json)")
+
+    chaos = verb("chaos", cmd_chaos,
+                 "SIGKILL the streams again and again while events land, then prove nothing "
+                 "was lost or duplicated (needs an empty --root)")
+    chaos.add_argument("--faults", type=positive_int, default=20,
+                       help="how many times to kill the streaming driver (default 20)")
+    chaos.add_argument("--seed", type=int, default=1, help="random seed of the feed and kills")
+    chaos.add_argument("--rate", type=positive_number, default=100.0,
+                       help="events per second of the feed (default 100)")
+    chaos.add_argument("--json", action="store_true", help="the report as JSON")
 
     rebuild = verb("reprocess", cmd_reprocess,
                    "rebuild event dates of silver and gold from bronze, idempotently")

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pyspark.sql import functions as F
 
+from spark_jobs.faults import crash_point
+
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
@@ -100,13 +102,16 @@ def exactly_once_batches(checkpoint: str, process: BatchProcessor
     """A ``foreachBatch`` function calling ``process(session, batch, app_id, batch_id)``,
     where (app_id, batch_id) is the transaction identifier for its idempotent writes."""
     app_id: list[str] = []  # read once the query has written its checkpoint metadata
+    query_name = Path(checkpoint).name
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:
         if not app_id:
             app_id.append(query_id(checkpoint))
+        crash_point(f"{query_name}.before_batch")
         # The writes inside are idempotent, so a retry re-applies only what did not commit.
         retry_on_conflict(lambda: process(batch.sparkSession, batch, app_id[0], batch_id),
-                          f"micro-batch {batch_id} of {Path(checkpoint).name}")
+                          f"micro-batch {batch_id} of {query_name}")
+        crash_point(f"{query_name}.after_batch")  # written, not in the commit log yet
 
     return write_batch
 

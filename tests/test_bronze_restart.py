@@ -1,7 +1,7 @@
-"""The bronze job as a real process: stopped gracefully, killed mid-stream, restarted."""
+"""The bronze job as a real process: stopped gracefully, restarted. (SIGKILLs mid-stream, of
+every layer, are the chaos battery's: ``tests/test_chaos.py``.)"""
 
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from tests.processes import (
 pytestmark = pytest.mark.integration
 
 
-def test_sigterm_stops_cleanly_and_sigkill_loses_and_duplicates_nothing(spark, tmp_path) -> None:
+def test_sigterm_stops_cleanly_and_restarts_lose_and_duplicate_nothing(spark, tmp_path) -> None:
     root = tmp_path / "lake"
     delivered = generate(root, "--events", "6000", "--events-per-file", "100",
                          "--seed", "11")["delivered"]
@@ -31,13 +31,7 @@ def test_sigterm_stops_cleanly_and_sigkill_loses_and_duplicates_nothing(spark, t
     wait_for_commits(table, 4, stream)
     stream.send_signal(signal.SIGTERM)
     assert stream.wait(timeout=120) == 0
-
-    # A crash: SIGKILL of the driver and its JVM, wherever they are.
-    stream = start_stream(root, "bronze", "--trigger", "1s")
-    wait_for_commits(table, committed_versions(table) + 3, stream)
-    os.killpg(stream.pid, signal.SIGKILL)
-    stream.wait(timeout=60)
-    assert committed_versions(table) < 61, "all 60 files were in before the kill: no crash test"
+    assert committed_versions(table) < 61, "all 60 files were in before the stop: no test"
 
     # Restart and catch up; then once more, which must add nothing.
     for _ in range(2):

@@ -25,6 +25,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     (("audit", "--expected", "/etc/passwd"), "is outside the root"),
     (("audit", "--expected", "../../etc/passwd"), "is outside the root"),
     (("demo", "--trigger", "soon"), "not an interval"),  # before Airflow starts
+    (("chaos", "--faults", "0"), "must be positive"),
 ])
 def test_bad_arguments_get_one_line_and_a_non_zero_exit(tmp_path: Path, args: tuple[str, ...],
                                                          message: str) -> None:
@@ -33,6 +34,15 @@ def test_bad_arguments_get_one_line_and_a_non_zero_exit(tmp_path: Path, args: tu
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_chaos_battery_refuses_a_root_that_holds_a_lake(tmp_path: Path) -> None:
+    # It proves its counts against what its own feed delivered: older data would be counted.
+    assert run_cli("generate", "--root", str(tmp_path), "--events", "10").returncode == 0
+    result = run_cli("chaos", "--root", str(tmp_path), "--faults", "1")
+    assert result.returncode == 2
+    assert "already holds a lake" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_an_unwritable_root_is_refused(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from spark_jobs.delta_writes import (
     start_exactly_once,
     time_bounds,
 )
+from spark_jobs.faults import crash_point
 from spark_jobs.gold import watermark, writer
 from spark_jobs.ops import gold_rebuilds, late_data, stream_progress
 from spark_jobs.silver import ad_campaigns
@@ -142,6 +143,7 @@ def _process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int
                 .write.format("delta").mode("append")
                 .options(**idempotent_append_options(query_id, batch_id))
                 .save(late_data.TABLE.path(settings)))
+            crash_point("gold_campaign_stats.after_ledger")
 
         latest = max((t for t in (seen_before, summary.latest) if t is not None), default=None)
         if summary.first is not None:  # something on time

@@ -35,6 +35,7 @@ from spark_jobs import delta_reader
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings, interval_seconds
 from spark_jobs.delta_writes import idempotent_dml, start_exactly_once, time_bounds
+from spark_jobs.faults import crash_point
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
 from spark_jobs.tables import TableSpec, ensure_table
@@ -138,6 +139,8 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
         for on_time_class, name in MERGES:
             if on_time_class not in slices:
                 continue
+            if on_time_class is not MERGES[0][0] and MERGES[0][0] in slices:
+                crash_point("silver_ad_events.between_merges")  # the first one committed
             source = classified.where(F.col("_on_time") == on_time_class).drop("_on_time")
             merge = (target.alias("t")
                      .merge(source.alias("s"),
@@ -231,6 +234,7 @@ def process(spark: SparkSession, bronze_rows: DataFrame, app_id: str,
     try:
         quarantine.append(validated, settings, app_id, version,
                           decided_before=lambda: _inserted_before(settings, app_id, version))
+        crash_point("silver_ad_events.after_quarantine")
         insert_new_events(spark, settings, accepted(validated), app_id=app_id,
                           version=version)
     finally:
