@@ -201,7 +201,8 @@ def cmd_chaos(settings: Settings, args: argparse.Namespace) -> int:
 
     try:
         report = chaos.run(settings, chaos.ChaosOptions(faults=args.faults, seed=args.seed,
-                                                        rate=args.rate))
+                                                        rate=args.rate,
+                                                        under_fire=args.under_fire))
     except ValueError as error:
         raise UsageError(str(error)) from None
     except chaos.DriverFailed as error:
@@ -492,6 +493,10 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--seed", type=int, default=1, help="random seed of the feed and kills")
     chaos.add_argument("--rate", type=positive_number, default=100.0,
                        help="events per second of the feed (default 100)")
+    chaos.add_argument("--under-fire", action=argparse.BooleanOptionalAction, default=True,
+                       help="maintenance (OPTIMIZE, VACUUM at the shortest retention allowed) "
+                            "and reprocessing of today and yesterday in a loop beside the "
+                            "kills (default: on)")
     chaos.add_argument("--json", action="store_true", help="the report as JSON")
 
     rebuild = verb("reprocess", cmd_reprocess,

@@ -58,6 +58,21 @@ def read_position(checkpoint: str, batch_id: int | None = None) -> int | None:
     return position["reservoirVersion"] + (1 if position["index"] >= 0 else 0)
 
 
+def fully_read_before(checkpoint: str) -> int | None:
+    """The version of its Delta source before which a query has processed every row in
+    committed batches (exclusive); None when it has no checkpoint. A version it has read in
+    part counts as unread, and so does everything while it still reads its starting snapshot
+    (which holds the rows of all earlier versions): 0, as before its first batch."""
+    if not (Path(checkpoint) / "offsets").is_dir():
+        return None
+    commits = [int(p.name) for p in (Path(checkpoint) / "commits").glob("[0-9]*")]
+    if not commits:
+        return 0
+    offset = (Path(checkpoint) / "offsets" / str(max(commits))).read_text("utf-8")
+    position = json.loads(offset.splitlines()[-1])
+    return 0 if position.get("isStartingVersion") else position["reservoirVersion"]
+
+
 @contextmanager
 def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
     """MERGE, UPDATE and DELETE inside are applied at most once per (app id, version).

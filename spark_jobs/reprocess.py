@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from spark_jobs import delta_reader
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings, interval_seconds, parse_choices
-from spark_jobs.delta_writes import retry_on_conflict
+from spark_jobs.delta_writes import fully_read_before, retry_on_conflict
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import gold_rebuilds, late_data
 from spark_jobs.silver import ad_campaigns, quarantine
@@ -129,13 +129,16 @@ def _version(spark: SparkSession, settings: Settings, spec: TableSpec) -> int:
     return delta_reader.latest_version(spec.path(settings))
 
 
-def _read_pinned(spark: SparkSession, settings: Settings, spec: TableSpec
-                 ) -> tuple[DataFrame, int]:
-    """The table as of its current version (the same rows however often it is read), and
-    that version."""
+def _read_pinned(spark: SparkSession, settings: Settings, spec: TableSpec,
+                 before: int | None = None) -> tuple[DataFrame, int]:
+    """The table as of its current version, or of the last one before ``before`` (the same
+    rows however often it is read), and that version; no rows when none is."""
     version = _version(spark, settings, spec)
-    return (spark.read.format("delta").option("versionAsOf", version)
-            .load(spec.path(settings)), version)
+    if before is not None:
+        version = min(version, before - 1)
+    rows = (spark.read.format("delta").option("versionAsOf", max(version, 0))
+            .load(spec.path(settings)))
+    return (rows if version >= 0 else rows.limit(0)), version
 
 
 def _replace_range(spark: SparkSession, settings: Settings, spec: TableSpec, rows: DataFrame,
@@ -181,7 +184,12 @@ def rebuild_silver(spark: SparkSession, settings: Settings, days: DateRange, rul
         changes.clear()
         # One bronze snapshot for both reads below: with a fresh read for the "arrived
         # since" rows, a record landing between them would be in neither set, and dropped.
-        bronze_rows, _ = _read_pinned(spark, settings, bronze.TABLE)
+        # And only the records silver's stream has judged in its committed batches: one it
+        # has yet to read, judged here too, would be quarantined twice (here, then by the
+        # stream), and one in its batch under way is that batch's to place. What the
+        # stream inserts meanwhile is kept as arrived since; with no stream, all of bronze.
+        bronze_rows, _ = _read_pinned(spark, settings, bronze.TABLE, fully_read_before(
+            settings.checkpoint(silver.QUERY_NAME)))
         bronze_rows = bronze_rows.where(
             F.col("ingest_date") >= F.lit(earliest_ingestion(spark, settings, days, rules)))
         # Only the records of ``days`` matter below: the others are not kept in memory.

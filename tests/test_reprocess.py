@@ -195,6 +195,35 @@ def land_in_bronze(spark, settings, deliveries: list[tuple[str, dict, datetime]]
      .save(bronze.TABLE.path(settings)))
 
 
+def test_a_rebuild_leaves_bronze_the_silver_stream_has_not_judged_to_the_stream(spark, tmp_path
+                                                                               ) -> None:
+    """Found by the chaos battery: a rebuild beside a silver stream that was behind bronze
+    quarantined the records the stream had yet to read, and the stream then quarantined them
+    again (one delivery placed twice)."""
+    settings = make_settings(tmp_path / "lake")
+
+    def land(name: str, records: list[dict]) -> None:
+        lines = [json.dumps(record) for record in records] + ["{not json"]
+        write_atomically(settings.landing_events, name, "\n".join(lines).encode())
+
+    land("1.jsonl", [event("a1", at(DAY_2, 9, 0), "view", "ad-1")])
+    streaming.run_available_now(spark, settings, ["bronze", "silver"])
+    # Bronze moves on; silver's stream has not read it yet when the rebuild runs.
+    land("2.jsonl", [event("a2", at(DAY_2, 9, 5), "view", "ad-1")])
+    streaming.run_available_now(spark, settings, ["bronze"])
+    rebuild_silver(spark, settings, DateRange(DAY_2, DAY_2), RULES, dry_run=False)
+    # The rebuild judged what the stream had: file 1's two records, not file 2's.
+    assert [r.event_id for r in table(spark, settings, silver.TABLE).collect()] == ["a1"]
+    assert table(spark, settings, quarantine.TABLE).count() == 1
+
+    streaming.run_available_now(spark, settings, ["silver"])
+    accounting = account(spark, settings)
+    # Four deliveries, each placed once: two events in silver, two broken lines quarantined.
+    assert (accounting.delivered, accounting.silver_rows, accounting.quarantine_rows) == (
+        4, 2, 2)
+    assert accounting.accounted_twice == 0 and accounting.identity_holds
+
+
 def test_a_rebuild_does_not_read_bronze_ingested_before_its_days_could_arrive(spark, tmp_path
                                                                               ) -> None:
     settings = make_settings(tmp_path / "lake")
