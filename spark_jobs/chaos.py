@@ -85,7 +85,7 @@ class ChaosOptions:
     trigger: str = "1s"
     files_per_trigger: int = 2  # small batches: many commits to die between
     # A crash point the driver has not reached by then counts as a random kill instead.
-    point_timeout: float = 120.0
+    point_timeout: float = 240.0
     # A random kill comes up to this long after the driver's first batch of its run.
     random_kill_within: float = 6.0
     # Maintenance (OPTIMIZE, and VACUUM at the shortest retention it allows) and reprocessing

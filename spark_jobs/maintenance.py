@@ -35,7 +35,7 @@ from pyspark.sql.types import (
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings, interval_seconds, parse_choices
 from spark_jobs.datasets import DATA_TABLES
-from spark_jobs.delta_writes import retry_on_conflict
+from spark_jobs.delta_writes import fully_read_before, retry_on_conflict
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import stream_progress
 from spark_jobs.silver import ad_events as silver
@@ -139,7 +139,39 @@ def minimum_retention(spark: SparkSession, settings: Settings,
     lags = [now - row["batch_at"] for row in stream_progress.latest_per_stream(spark, settings)]
     margin = timedelta(seconds=interval_seconds(settings.vacuum_safety_margin))
     window = timedelta(seconds=interval_seconds(settings.time_travel_window))
-    return max([window, *[lag + margin for lag in lags]])
+    return max([window, *[lag + margin for lag in [*lags, *unread_ages(spark, settings, now)]]])
+
+
+def unread_ages(spark: SparkSession, settings: Settings, now: datetime) -> list[timedelta]:
+    """For each stream reading a Delta table, the age of the oldest commit of it the stream
+    has not fully read. A stream far behind its source runs a batch every few seconds, so the
+    time since its last batch says nothing of the files it has yet to read: a file the
+    commit (or a later one) added, which OPTIMIZE may since have removed, must outlive
+    VACUUM until the stream has read it."""
+    import importlib
+
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from spark_jobs.streaming import LAYERS
+
+    ages = []
+    for module in (name for modules in LAYERS.values() for name in modules):
+        stream = importlib.import_module(module)
+        source: TableSpec | None = getattr(stream, "SOURCE_TABLE", None)
+        # A stream that never ran starts from the source as it is then: it needs no old file.
+        unread = (None if source is None
+                  else fully_read_before(settings.checkpoint(stream.QUERY_NAME)))
+        if source is None or unread is None:
+            continue
+        # Commit times as epoch milliseconds: no time zone between Spark and Python. (A
+        # commit older than the log keeps counts as the oldest the log still holds.)
+        oldest = (DeltaTable.forPath(spark, source.path(settings)).history()
+                  .where(F.col("version") >= unread)
+                  .agg(F.min(F.unix_millis("timestamp"))).first()[0])
+        if oldest is not None:
+            ages.append(now - datetime.fromtimestamp(oldest / 1000, UTC).replace(tzinfo=None))
+    return ages
 
 
 def vacuum(spark: SparkSession, settings: Settings, name: str, retention: timedelta,
@@ -174,7 +206,7 @@ def maintain(spark: SparkSession, settings: Settings, tables: list[str], *, run_
         if retention < floor:
             raise MaintenanceError(
                 f"refusing VACUUM with retention {retention}: the minimum is {floor} (the "
-                f"time-travel window, or the longest stream lag plus "
+                f"time-travel window, or the longest any stream has not read plus "
                 f"{settings.vacuum_safety_margin}); a shorter one could delete files a "
                 f"stream or a time-travel query still needs")
     outcomes: list[Outcome] = []

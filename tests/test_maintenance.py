@@ -1,15 +1,25 @@
 """Maintenance beside live streams: nothing fails, nothing is lost or doubled, and every
 table stays readable by another Delta reader."""
 
+import json
+import os
 import shutil
+import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from spark_jobs import delta_reader
 from spark_jobs.audit import account
-from spark_jobs.maintenance import HISTORY, TABLES, MaintenanceError, maintain
+from spark_jobs.maintenance import (
+    HISTORY,
+    TABLES,
+    MaintenanceError,
+    maintain,
+    minimum_retention,
+)
 from tests.conftest import make_settings
 from tests.processes import generate, run_lakehouse, start_stream, wait_for
 
@@ -91,6 +101,42 @@ def test_an_unsafe_vacuum_is_refused_and_a_dry_run_changes_nothing(spark, settin
     [done] = maintain(spark, settings, [spec.name], run_optimize=True, run_vacuum=False,
                       retention=None, dry_run=False)
     assert (done.files_before, done.files_after) == (3, 1)
+
+
+def test_the_vacuum_floor_keeps_what_a_stream_far_behind_has_yet_to_read(spark, tmp_path
+                                                                        ) -> None:
+    """Found beside the chaos battery's kills: a stream that runs a batch every few seconds
+    but reads its source far behind needs files that OPTIMIZE removed long ago. The floor
+    counts the age of the oldest source commit a stream has not fully read."""
+    settings = make_settings(tmp_path / "lake", time_travel_window="0 seconds",
+                             vacuum_safety_margin="1 minute")
+    source = TABLES["bronze.ad_events"]
+    for _ in range(3):  # versions 0, 1, 2 (the floor reads only the source's history)
+        spark.range(1).write.format("delta").mode("append").save(source.path(settings))
+    commits = sorted((Path(source.path(settings)) / "_delta_log").glob("*.json"))
+    assert len(commits) == 3
+    three_days_ago = time.time() - 3 * 86400
+    for commit in commits:  # committed three days ago
+        os.utime(commit, (three_days_ago, three_days_ago))
+
+    def silver_stream_has_read(up_to_version: int) -> None:
+        checkpoint = Path(settings.checkpoint("silver_ad_events"))
+        for folder in ("offsets", "commits"):
+            (checkpoint / folder).mkdir(parents=True, exist_ok=True)
+        offset = {"sourceVersion": 1, "reservoirVersion": up_to_version, "index": -1,
+                  "isStartingVersion": False}
+        (checkpoint / "offsets" / "0").write_text(f"v1\n{{}}\n{json.dumps(offset)}")
+        (checkpoint / "commits" / "0").write_text("v1\n{}")
+
+    # Version 2 unread: its three-day-old files must stay, plus the margin. (Delta keeps
+    # equal commit times apart by a millisecond each: version 2 is 2 ms younger.)
+    silver_stream_has_read(2)
+    floor = minimum_retention(spark, settings)
+    assert timedelta(days=3, seconds=59) <= floor < timedelta(days=3, minutes=5)
+    # Everything read: no stream needs an old file, and the floor is the time-travel window
+    # (none here; no stream has recorded a batch either).
+    silver_stream_has_read(3)
+    assert minimum_retention(spark, settings) == timedelta(0)
 
 
 def test_vacuum_lists_a_small_table_with_a_few_tasks(spark, settings) -> None:

@@ -30,6 +30,7 @@ from spark_jobs.config import Settings, spark_interval
 from spark_jobs.delta_writes import idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.gold import writer
 from spark_jobs.gold.campaign_stats import read_silver_stream
+from spark_jobs.silver import ad_events as silver
 from spark_jobs.tables import TableSpec, ensure_table
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
 QUERY_NAME = "gold_ad_attribution"
+# The Delta table the stream reads: VACUUM of it keeps what the stream has yet to read.
+SOURCE_TABLE = silver.TABLE
 
 SCHEMA = StructType([
     StructField("click_event_id", StringType(), False),

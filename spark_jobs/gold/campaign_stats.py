@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
 QUERY_NAME = "gold_campaign_stats"
+# The Delta table the stream reads: VACUUM of it keeps what the stream has yet to read.
+SOURCE_TABLE = silver.TABLE
 LAYER = "gold.campaign_stats"
 KEYS = ("campaign_id", "window_start")
 COUNTS = ("views", "clicks", "purchases", "revenue")

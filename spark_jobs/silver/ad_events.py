@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 QUERY_NAME = "silver_ad_events"
+# The Delta table the stream reads: VACUUM of it keeps what the stream has yet to read.
+SOURCE_TABLE = bronze.TABLE
 
 SCHEMA = StructType([
     StructField("event_id", StringType(), False),
