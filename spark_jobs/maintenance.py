@@ -133,13 +133,16 @@ def optimize(spark: SparkSession, settings: Settings, name: str, dry_run: bool) 
 
 def minimum_retention(spark: SparkSession, settings: Settings,
                       now: datetime | None = None) -> timedelta:
-    """The shortest retention VACUUM may use: the time-travel window, or the longest a
-    stream has not read plus the safety margin, whichever is longer."""
+    """The shortest retention VACUUM may use: the time-travel window, the safety margin, or
+    the longest a stream has not read plus the margin, whichever is longest."""
     now = now or datetime.now(UTC).replace(tzinfo=None)
     lags = [now - row["batch_at"] for row in stream_progress.latest_per_stream(spark, settings)]
     margin = timedelta(seconds=interval_seconds(settings.vacuum_safety_margin))
     window = timedelta(seconds=interval_seconds(settings.time_travel_window))
-    return max([window, *[lag + margin for lag in [*lags, *unread_ages(spark, settings, now)]]])
+    # Never under the margin, whatever the window: VACUUM also deletes files no commit names
+    # yet, which is what a write under way has written so far.
+    return max([window, margin,
+                *[lag + margin for lag in [*lags, *unread_ages(spark, settings, now)]]])
 
 
 def unread_ages(spark: SparkSession, settings: Settings, now: datetime) -> list[timedelta]:

@@ -133,10 +133,12 @@ def test_the_vacuum_floor_keeps_what_a_stream_far_behind_has_yet_to_read(spark, 
     silver_stream_has_read(2)
     floor = minimum_retention(spark, settings)
     assert timedelta(days=3, seconds=59) <= floor < timedelta(days=3, minutes=5)
-    # Everything read: no stream needs an old file, and the floor is the time-travel window
-    # (none here; no stream has recorded a batch either).
+    # Everything read: no stream needs an old file. The floor is still the margin, though the
+    # time-travel window is none: VACUUM deletes files no commit names yet, such as those a
+    # write under way has written (found by the chaos battery: at retention 0, a bronze
+    # batch's file went before its commit named it).
     silver_stream_has_read(3)
-    assert minimum_retention(spark, settings) == timedelta(0)
+    assert minimum_retention(spark, settings) == timedelta(minutes=1)
 
 
 def test_vacuum_lists_a_small_table_with_a_few_tasks(spark, settings) -> None:
