@@ -255,8 +255,8 @@ class Feed:
 class Fire:
     """Maintenance and reprocessing in a loop, in a thread, as the nightly DAGs would run
     them beside the streams: ``lakehouse maintain`` (OPTIMIZE, then VACUUM at the shortest
-    retention the streams' lag allows: no time-travel window, a 2-minute margin, so it
-    deletes files the streams have read), ``lakehouse reprocess`` of today, then of
+    retention the streams' lag allows: no time-travel window, a 2-minute margin, which
+    Delta's whole hours make an hour), ``lakehouse reprocess`` of today, then of
     yesterday. A job that fails is retried once, as its Airflow task would be."""
 
     # Each job is a JVM beside the driver: on two cores, one at a time.

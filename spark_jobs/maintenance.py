@@ -17,6 +17,7 @@ the streams retry their side too.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -184,7 +185,11 @@ def vacuum(spark: SparkSession, settings: Settings, name: str, retention: timede
     path = TABLES[name].path(settings)
     files, size = _size(spark, path)
     started = time.monotonic()
-    hours = retention.total_seconds() / 3600
+    # Delta counts a VACUUM's retention in whole hours, rounded to the nearest: 5 minutes
+    # became 0 and deleted every file removed from the table, those a stream behind still
+    # had to read and those of a write under way (found by the chaos battery). Rounded up
+    # here, so the retention is never less than asked.
+    hours = math.ceil(retention.total_seconds() / 3600)
     if dry_run:
         doomed = spark.sql(f"VACUUM delta.`{path}` RETAIN {hours} HOURS DRY RUN").count()
         detail = f"would delete {doomed} unreferenced files older than {retention}"
@@ -194,7 +199,7 @@ def vacuum(spark: SparkSession, settings: Settings, name: str, retention: timede
         # window, the streams' lag plus a margin), which is the check that knows them.
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
         DeltaTable.forPath(spark, path).vacuum(hours)
-        detail = f"retention {retention}"
+        detail = f"retention {retention} (Delta: {hours} h)"
     files_after, size_after = _size(spark, path)
     return Outcome(name, "vacuum", dry_run, time.monotonic() - started, files, files_after,
                    size, size_after, detail)

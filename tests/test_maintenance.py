@@ -141,6 +141,27 @@ def test_the_vacuum_floor_keeps_what_a_stream_far_behind_has_yet_to_read(spark, 
     assert minimum_retention(spark, settings) == timedelta(minutes=1)
 
 
+def test_a_vacuum_under_an_hour_keeps_the_files_it_must(spark, tmp_path) -> None:
+    """Delta counts a retention in whole hours, rounded: a five-minute floor became 0 and the
+    VACUUM deleted every file OPTIMIZE had just removed (found by the chaos battery, whose
+    streams, behind, still had to read them)."""
+    settings = make_settings(tmp_path / "lake", time_travel_window="0 seconds",
+                             vacuum_safety_margin="5 minutes")
+    spec = TABLES["gold.ad_attribution"]
+    for _ in range(2):  # small files, then compacted: all removed a moment ago
+        spark.range(1).selectExpr(*[f"CAST(NULL AS {field.dataType.simpleString()}) AS "
+                                    f"{field.name}" for field in spec.schema.fields]
+                                  ).write.format("delta").mode("append").save(
+                                      spec.path(settings))
+    written = set(Path(spec.path(settings)).rglob("*.parquet"))
+    [compacted, vacuumed] = maintain(spark, settings, [spec.name], run_optimize=True,
+                                     run_vacuum=True, retention=None, dry_run=False)
+    assert compacted.files_before > compacted.files_after  # files removed from the table
+    on_disk = set(Path(spec.path(settings)).rglob("*.parquet"))
+    # Removed less than the floor ago, they are all still on disk, beside the compacted one.
+    assert written < on_disk, (sorted(written - on_disk), vacuumed.detail)
+
+
 def test_vacuum_lists_a_small_table_with_a_few_tasks(spark, settings) -> None:
     """VACUUM lists a table with Spark's file-listing parallelism as its tasks, in each of
     its passes. Spark's default, 10,000 tasks, made a VACUUM of a table of a few files take
