@@ -137,6 +137,10 @@ class ChaosReport:
         return {**asdict(self), "ok": self.ok, "summary": self.summary()}
 
 
+# This environment's own console script: the jobs run the installed code, as Airflow runs them.
+_LAKEHOUSE = str(Path(sys.executable).parent / "lakehouse")
+
+
 # -- the faults --------------------------------------------------------------------------
 
 
@@ -159,7 +163,7 @@ class Driver:
         else:
             mode = ["--trigger", options.trigger]
             env["LAKEHOUSE_MAX_FILES_PER_TRIGGER"] = str(options.files_per_trigger)
-        command = [str(Path(sys.executable).parent / "lakehouse"), "stream",
+        command = [_LAKEHOUSE, "stream",
                    "--root", str(settings.root), "--layers", "all", *mode]
         self.log_file = log_file
         self.log_offset = log_file.stat().st_size if log_file.exists() else 0
@@ -291,7 +295,7 @@ class Fire:
 
     def _run(self, name: str, args: list[str], env: dict[str, str]) -> JobOutcome:
         started = time.monotonic()
-        command = [str(Path(sys.executable).parent / "lakehouse"), *args,
+        command = [_LAKEHOUSE, *args,
                    "--root", str(self.settings.root)]
         code = -1
         for attempt in (1, 2):

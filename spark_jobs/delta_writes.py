@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.sql import functions as F
 
@@ -45,16 +45,24 @@ def query_id(checkpoint: str) -> str:
     return json.loads(metadata.read_text("utf-8").splitlines()[0])["id"]
 
 
-def read_position(checkpoint: str, batch_id: int | None = None) -> int | None:
-    """The version of its Delta source that a query has read up to (exclusive), after batch
-    ``batch_id`` (default: its last committed batch); None if it has committed none."""
+def _source_offset(checkpoint: str, batch_id: int | None) -> dict[str, Any] | None:
+    """The Delta source offset a query reached with batch ``batch_id`` (default: its last
+    committed batch); None if it has committed none."""
     if batch_id is None:
         commits = [int(p.name) for p in (Path(checkpoint) / "commits").glob("[0-9]*")]
         if not commits:
             return None
         batch_id = max(commits)
     offset = (Path(checkpoint) / "offsets" / str(batch_id)).read_text("utf-8")
-    position = json.loads(offset.splitlines()[-1])
+    return json.loads(offset.splitlines()[-1])
+
+
+def read_position(checkpoint: str, batch_id: int | None = None) -> int | None:
+    """The version of its Delta source that a query has read up to (exclusive), after batch
+    ``batch_id`` (default: its last committed batch); None if it has committed none."""
+    position = _source_offset(checkpoint, batch_id)
+    if position is None:
+        return None
     return position["reservoirVersion"] + (1 if position["index"] >= 0 else 0)
 
 
@@ -65,12 +73,10 @@ def fully_read_before(checkpoint: str) -> int | None:
     (which holds the rows of all earlier versions): 0, as before its first batch."""
     if not (Path(checkpoint) / "offsets").is_dir():
         return None
-    commits = [int(p.name) for p in (Path(checkpoint) / "commits").glob("[0-9]*")]
-    if not commits:
+    position = _source_offset(checkpoint, None)
+    if position is None or position.get("isStartingVersion"):
         return 0
-    offset = (Path(checkpoint) / "offsets" / str(max(commits))).read_text("utf-8")
-    position = json.loads(offset.splitlines()[-1])
-    return 0 if position.get("isStartingVersion") else position["reservoirVersion"]
+    return position["reservoirVersion"]
 
 
 @contextmanager
