@@ -309,6 +309,36 @@ def cmd_maintain(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reset(settings: Settings, args: argparse.Namespace) -> int:
+    """The runbook for a change a stream's checkpoint cannot carry (``spark_jobs.reset``)."""
+    from dataclasses import asdict
+
+    from spark_jobs import reset
+    from spark_jobs.ops.leases import LeaseHeld
+    from spark_jobs.session import build_spark
+
+    if args.layer not in reset.RESETS:
+        raise UsageError(f"cannot reset {args.layer!r}: choose from {', '.join(reset.RESETS)} "
+                         f"(bronze is the record of deliveries, rebuilt by nothing)")
+    spark = build_spark(settings, app_name=f"lakehouse-reset-{args.layer}")
+    try:
+        outcome = reset.reset(spark, settings, args.layer)
+    except LeaseHeld as error:
+        print(f"lakehouse reset: {error}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    if args.json:
+        print(json.dumps(asdict(outcome), indent=2))
+    else:
+        dates = (f", gold rebuilt for {outcome.event_dates[0]} to {outcome.event_dates[1]}"
+                 if outcome.event_dates else "")
+        print(f"reset {', '.join(outcome.layers)} in {outcome.seconds:g} s{dates}")
+        for table, rows in outcome.rows.items():
+            print(f"  {table}: {rows:,} rows")
+    return 0
+
+
 def cmd_validate(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs import reprocess
     from spark_jobs.quality import report, suites, validate
@@ -527,6 +557,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "minimum: time-travel window or longest stream lag plus margin)")
     maintain.add_argument("--dry-run", action="store_true", help="measure, change nothing")
     maintain.add_argument("--json", action="store_true", help="the figures as JSON")
+
+    reset_verb = verb("reset", cmd_reset,
+                      "rebuild a layer from its sources under the logic now configured, "
+                      "after a change its streams' checkpoints cannot carry")
+    reset_verb.add_argument("layer", metavar="LAYER",
+                            help="silver (rebuilds gold too) or gold")
+    reset_verb.add_argument("--json", action="store_true", help="the outcome as JSON")
 
     check = verb("validate", cmd_validate,
                  "validate table snapshots with the Great Expectations suites; exit 1 on a "

@@ -10,6 +10,7 @@ driver running gold also carries out the gold rebuilds reprocesses ask of it
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import signal
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spark_jobs import checkpoints
 from spark_jobs.config import ConfigError, Settings, interval_seconds, spark_interval
 from spark_jobs.gold import writer as gold_writer
 from spark_jobs.ops import heartbeat, stream_progress
@@ -74,29 +76,64 @@ def _start_layer(spark: SparkSession, settings: Settings, layer: str,
     return queries
 
 
+def _check_checkpoints(settings: Settings, layers: Sequence[str]) -> None:
+    """Every stream of ``layers`` can resume on its checkpoint; checked before any starts,
+    so a refused one leaves none running."""
+    for layer in layers:
+        for module in LAYERS[layer]:
+            checkpoints.check_compatible(settings, layer, importlib.import_module(module))
+
+
+def query_names(layer: str) -> list[str]:
+    return [importlib.import_module(module).QUERY_NAME for module in LAYERS[layer]]
+
+
+def _layer_of(query_name: str) -> str:
+    return next(layer for layer in LAYERS if query_name in query_names(layer))
+
+
 def _raise_if_failed(queries: Iterable[StreamingQuery]) -> None:
     for query in queries:
         error = query.exception()
-        if error is not None:
-            raise StreamFailed(f"stream {query.name} failed: {str(error).strip().splitlines()[0]}")
+        if error is None:
+            continue
+        text = str(error).strip()
+        layer = _layer_of(query.name)
+        if checkpoints.incompatible_state(text):
+            raise StreamFailed(f"stream {query.name} failed: {text[:2000]}\n"
+                               f"{checkpoints.INCOMPATIBLE_HINT}{checkpoints.runbook(layer)}")
+        raise StreamFailed(f"stream {query.name} failed: {text.splitlines()[0]}")
 
 
 def run_available_now(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> None:
     with leases(settings, layers):
-        _run_available_now(spark, settings, layers)
+        checkpoints.refuse_if_reset_unfinished(settings, layers)
+        catch_up(spark, settings, layers)
 
 
-def _run_available_now(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> None:
+def catch_up(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> None:
+    """Each layer's streams over everything present, one layer after another; the caller
+    holds the layers' leases."""
+    _check_checkpoints(settings, layers)
     recorder = stream_progress.ProgressRecorder()
     for layer in layers:
         queries = _start_layer(spark, settings, layer, {"availableNow": True})
         try:
             for query in queries:
-                query.awaitTermination()
+                _await_end(query)
         finally:
             recorder.flush(spark, settings, queries)
         _raise_if_failed(queries)
         log.info("layer %s caught up", layer)
+
+
+def _await_end(query: StreamingQuery) -> None:
+    """Wait for an --available-now query to end; how it failed, if it did, is raised with
+    its layer's context by ``_raise_if_failed``."""
+    from pyspark.errors import StreamingQueryException
+
+    with contextlib.suppress(StreamingQueryException):
+        query.awaitTermination()
 
 
 def stop_at_batch_boundary(query: StreamingQuery, patience_seconds: float) -> None:
@@ -139,11 +176,13 @@ def run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[s
                      trigger_interval: str, stop: threading.Event) -> None:
     started = time.time()  # a stop requested while the leases are awaited counts too
     with leases(settings, layers):
+        checkpoints.refuse_if_reset_unfinished(settings, layers)
         _run_continuously(spark, settings, layers, trigger_interval, stop, started)
 
 
 def _run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[str],
                       trigger_interval: str, stop: threading.Event, started: float) -> None:
+    _check_checkpoints(settings, layers)
     trigger = {"processingTime": spark_interval(trigger_interval)}
     recorder = stream_progress.ProgressRecorder()
     by_layer = {layer: _start_layer(spark, settings, layer, trigger) for layer in layers}

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 QUERY_NAME = "gold_ad_attribution"
 # The Delta table the stream reads: VACUUM of it keeps what the stream has yet to read.
 SOURCE_TABLE = silver.TABLE
+# The join's bound: its state and every attribution written were built under it (``checkpoints``).
+STATE_SETTINGS = ("attribution_max_gap",)
 
 SCHEMA = StructType([
     StructField("click_event_id", StringType(), False),

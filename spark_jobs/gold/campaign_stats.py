@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 QUERY_NAME = "gold_campaign_stats"
 # The Delta table the stream reads: VACUUM of it keeps what the stream has yet to read.
 SOURCE_TABLE = silver.TABLE
+# The window is the table's key: windows of two lengths must not mix (``checkpoints``).
+STATE_SETTINGS = ("window_duration",)
 LAYER = "gold.campaign_stats"
 KEYS = ("campaign_id", "window_start")
 COUNTS = ("views", "clicks", "purchases", "revenue")

@@ -1,0 +1,106 @@
+"""What a stream's checkpoint cannot carry across a restart, and the way out.
+
+A checkpoint resumes a query where it stopped. Most changes between two runs are safe to
+resume under: an added filter, a new rate limit or trigger, a fixed validation rule (the
+records judged before it are reprocessed, see *Reprocessing*). Some are not, because the
+state or the rows already written were built under the old value: a stateful query's key
+(a window's length for ``gold.campaign_stats``), a join's bound (``gold.ad_attribution``'s
+``attribution_max_gap``). Resumed, the table would mix rows of both meanings and nothing
+would say which.
+
+So a stream module names such settings in ``STATE_SETTINGS``; its checkpoint records their
+values when it is first used, and a start under other values fails at once with a clear
+error that names the runbook: ``lakehouse reset LAYER`` (``spark_jobs.reset``), which
+rebuilds the layer under the new values. A change in the code itself (a different
+aggregation key) is found by Spark's own state schema check when the first batch loads the
+state; the stream runner adds the same runbook to that error. A checkpoint from before this
+record adopts the values of its first start after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+
+from spark_jobs.config import ConfigError, Settings
+
+RECORD = "lakehouse-state-settings.json"
+
+# Spark's errors for state that the query as now written cannot read (Spark 4 error
+# classes, and the older wording for an operator that moved).
+INCOMPATIBLE_STATE = ("STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE",
+                      "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE",
+                      "STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION",
+                      "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA",
+                      "STATE_STORE_KEY_ROW_FORMAT_VALIDATION_FAILURE",
+                      "STATE_STORE_VALUE_ROW_FORMAT_VALIDATION_FAILURE",
+                      "not compatible with the state")
+
+
+class CheckpointIncompatible(ConfigError):
+    """A stream's checkpoint was built under settings the configuration no longer has."""
+
+
+def runbook(layer: str) -> str:
+    return (f"run 'lakehouse reset {layer}' (with the streams of that layer stopped) to "
+            f"rebuild {layer} under the new logic, or restore the old setting "
+            f"(README: Changing a stream across restarts)")
+
+
+def state_settings(settings: Settings, stream: ModuleType) -> dict[str, str]:
+    """The values of the settings the stream's state depends on (``STATE_SETTINGS``)."""
+    return {name: str(getattr(settings, name)) for name in getattr(stream, "STATE_SETTINGS", ())}
+
+
+def check_compatible(settings: Settings, layer: str, stream: ModuleType) -> None:
+    """Refuse to start ``stream`` on a checkpoint built under other ``STATE_SETTINGS``;
+    record them on its first start."""
+    current = state_settings(settings, stream)
+    if not current:
+        return
+    checkpoint = Path(settings.checkpoint(stream.QUERY_NAME))
+    record = checkpoint / RECORD
+    recorded: dict[str, str] = {}
+    if record.exists():
+        recorded = json.loads(record.read_text("utf-8"))
+        changed = [f"{name} = {recorded[name]!r} (now {value!r})"
+                   for name, value in current.items()
+                   if name in recorded and recorded[name] != value]
+        if changed:
+            raise CheckpointIncompatible(
+                f"{stream.QUERY_NAME}: its checkpoint ({checkpoint}) holds state built with "
+                f"{'; '.join(changed)}; resuming would mix rows of both in "
+                f"{layer}. To change it, {runbook(layer)}")
+        if current.keys() <= recorded.keys():
+            return
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    staged = record.with_suffix(".tmp")
+    staged.write_text(json.dumps({**recorded, **current}, indent=2) + "\n", "utf-8")
+    os.replace(staged, record)
+
+
+INCOMPATIBLE_HINT = "The stream's logic changed in a way its state cannot follow: "
+
+
+def incompatible_state(error: str) -> bool:
+    """Whether Spark refused a query's state as not what the query now keeps."""
+    return any(marker in error for marker in INCOMPATIBLE_STATE)
+
+
+def reset_marker(settings: Settings, layer: str) -> Path:
+    """Present while ``lakehouse reset LAYER`` runs, and after it if it was interrupted."""
+    return settings.root / "control" / f"reset-{layer}"
+
+
+def refuse_if_reset_unfinished(settings: Settings, layers: list[str] | tuple[str, ...]
+                               ) -> None:
+    """A layer whose reset did not finish has emptied tables or lost checkpoints: its
+    streams must not resume on them."""
+    for layer in layers:
+        if reset_marker(settings, layer).exists():
+            raise CheckpointIncompatible(
+                f"a reset of {layer} started at "
+                f"{reset_marker(settings, layer).read_text('utf-8').strip()} did not finish: "
+                f"run 'lakehouse reset {layer}' again before starting its streams")

@@ -1,0 +1,110 @@
+"""``lakehouse reset LAYER``: the runbook for a change a stream's checkpoint cannot carry.
+
+A stateful stream refuses to resume on state built under other logic (``checkpoints``).
+Reset rebuilds the layer under the logic now configured, exactly:
+
+1. it takes the leases of the layer and of the layers that read it (silver's reset
+   rebuilds gold too: gold's checkpoints point at silver's versions), so no stream of
+   them runs meanwhile, and leaves a marker that keeps their streams from starting on a
+   half-reset layer;
+2. deletes the layers' checkpoints and the rows of their tables (Delta keeps the old
+   versions for time travel until VACUUM), and for gold the record of earlier rebuilds;
+3. replays the layers' streams from the start of their sources (``--available-now``):
+   silver judges every bronze record again and keeps each event's first delivery, as it
+   did the first time; gold counts every silver event again;
+4. rebuilds gold for every event date of silver, so what the replay's batches found late
+   is counted too and gold equals the batch recomputation; the ledger's entries for those
+   dates are marked repaired;
+5. removes the marker. Interrupted anywhere, running it again starts over from step 1.
+
+Bronze has no reset: it is the record of what was delivered, and its landing files are
+remembered by path, not kept for a second reading.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pyspark.sql import functions as F
+
+from spark_jobs import checkpoints, streaming
+from spark_jobs.config import ConfigError, Settings
+from spark_jobs.gold import ad_attribution, campaign_stats
+from spark_jobs.ops import gold_rebuilds
+from spark_jobs.ops.leases import REPROCESS, leases
+from spark_jobs.silver import ad_campaigns, quarantine
+from spark_jobs.silver import ad_events as silver
+from spark_jobs.tables import TableSpec, ensure_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# A layer, and every layer its reset rebuilds, in dependency order.
+RESETS: dict[str, tuple[str, ...]] = {"silver": ("silver", "gold"), "gold": ("gold",)}
+# The tables each layer's streams write (gold's record of rebuilds goes with gold: it
+# tells the gold streams which silver rows a rebuild counted in tables now emptied).
+TABLES: dict[str, tuple[TableSpec, ...]] = {
+    "silver": (silver.TABLE, quarantine.TABLE, ad_campaigns.TABLE),
+    "gold": (campaign_stats.TABLE, ad_attribution.TABLE, gold_rebuilds.TABLE),
+}
+
+
+@dataclass(frozen=True)
+class ResetOutcome:
+    layers: tuple[str, ...]
+    rows: dict[str, int]  # table -> rows after the reset
+    event_dates: tuple[str, str] | None  # the range gold was rebuilt for
+    seconds: float
+
+
+def reset(spark: SparkSession, settings: Settings, layer: str) -> ResetOutcome:
+    """Rebuild ``layer`` (and the layers that read it) from its sources, under the settings
+    now configured. Raises ``LeaseHeld`` while a driver streams any of them."""
+    from spark_jobs.reprocess import DateRange, rebuild_gold
+
+    if layer not in RESETS:
+        raise ConfigError(f"cannot reset {layer!r}: choose from {', '.join(RESETS)} (bronze "
+                          f"is the record of deliveries, rebuilt by nothing)")
+    started = datetime.now(UTC)
+    layers = RESETS[layer]
+    with leases(settings, layers, purpose=REPROCESS):
+        for reset_layer in layers:  # kept until the end: a half-reset layer stays shut
+            marker = checkpoints.reset_marker(settings, reset_layer)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            if not marker.exists():
+                marker.write_text(started.isoformat() + "\n", "utf-8")
+        for reset_layer in layers:
+            _forget(spark, settings, reset_layer)
+        streaming.catch_up(spark, settings, layers)
+
+        dates = (spark.read.format("delta").load(silver.TABLE.path(settings))
+                 .agg(F.min("event_date").alias("first"), F.max("event_date").alias("last"))
+                 .first())
+        if dates.first is not None:
+            rebuild_gold(spark, settings, DateRange(dates.first, dates.last), dry_run=False)
+        rows = {spec.name: spark.read.format("delta").load(spec.path(settings)).count()
+                for reset_layer in layers for spec in TABLES[reset_layer]}
+        for reset_layer in layers:
+            checkpoints.reset_marker(settings, reset_layer).unlink(missing_ok=True)
+    return ResetOutcome(layers, rows,
+                        None if dates.first is None else (str(dates.first), str(dates.last)),
+                        round((datetime.now(UTC) - started).total_seconds(), 1))
+
+
+def _forget(spark: SparkSession, settings: Settings, layer: str) -> None:
+    """The layer's checkpoints deleted and its tables emptied (each step repeatable)."""
+    from delta.tables import DeltaTable
+
+    # The state stores of this JVM's stopped queries are unloaded first: their background
+    # maintenance (RocksDB's snapshot upload) could otherwise write an old query's state
+    # into the checkpoint after it was deleted, where the new query would find it.
+    spark.sparkContext._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
+    for query_name in streaming.query_names(layer):
+        shutil.rmtree(Path(settings.checkpoint(query_name)), ignore_errors=True)
+    for spec in TABLES[layer]:
+        ensure_table(spark, settings, spec)
+        DeltaTable.forPath(spark, spec.path(settings)).delete()
