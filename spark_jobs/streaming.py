@@ -116,15 +116,19 @@ def catch_up(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> 
     holds the layers' leases."""
     _check_checkpoints(settings, layers)
     recorder = stream_progress.ProgressRecorder()
-    for layer in layers:
-        queries = _start_layer(spark, settings, layer, {"availableNow": True})
-        try:
+    started: list[StreamingQuery] = []
+    try:
+        for layer in layers:
+            queries = _start_layer(spark, settings, layer, {"availableNow": True})
+            started += queries
             for query in queries:
                 _await_end(query)
-        finally:
-            recorder.flush(spark, settings, queries)
-        _raise_if_failed(queries)
-        log.info("layer %s caught up", layer)
+            _raise_if_failed(queries)
+            log.info("layer %s caught up", layer)
+    finally:
+        # One append for the whole run, not one per layer: each is a Delta commit, about a
+        # second of a run that may have nothing to do.
+        recorder.flush(spark, settings, started)
 
 
 def _await_end(query: StreamingQuery) -> None:
