@@ -98,11 +98,11 @@ def _raise_if_failed(queries: Iterable[StreamingQuery]) -> None:
         if error is None:
             continue
         text = str(error).strip()
-        layer = _layer_of(query.name)
+        message = f"stream {query.name} failed: {text.splitlines()[0]}"
         if checkpoints.incompatible_state(text):
-            raise StreamFailed(f"stream {query.name} failed: {text[:2000]}\n"
-                               f"{checkpoints.INCOMPATIBLE_HINT}{checkpoints.runbook(layer)}")
-        raise StreamFailed(f"stream {query.name} failed: {text.splitlines()[0]}")
+            message += (f"\n{checkpoints.INCOMPATIBLE_HINT}"
+                        f"{checkpoints.runbook(_layer_of(query.name))}")
+        raise StreamFailed(message)
 
 
 def run_available_now(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> None:
