@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-from spark_jobs.config import ConfigError, Settings
+from spark_jobs.config import ConfigError, Settings, interval_seconds
 
 RECORD = "lakehouse-state-settings.json"
 
@@ -67,7 +67,7 @@ def check_compatible(settings: Settings, layer: str, stream: ModuleType) -> None
         recorded = json.loads(record.read_text("utf-8"))
         changed = [f"{name} = {recorded[name]!r} (now {value!r})"
                    for name, value in current.items()
-                   if name in recorded and recorded[name] != value]
+                   if name in recorded and not _same(recorded[name], value)]
         if changed:
             raise CheckpointIncompatible(
                 f"{stream.QUERY_NAME}: its checkpoint ({checkpoint}) holds state built with "
@@ -84,23 +84,41 @@ def check_compatible(settings: Settings, layer: str, stream: ModuleType) -> None
 INCOMPATIBLE_HINT = "The stream's logic changed in a way its state cannot follow: "
 
 
+def _same(recorded: str, current: str) -> bool:
+    """Equal values, however spelled: '1 hour' is '60 minutes'."""
+    try:
+        return interval_seconds(recorded) == interval_seconds(current)
+    except ConfigError:
+        return recorded == current
+
+
 def incompatible_state(error: str) -> bool:
     """Whether Spark refused a query's state as not what the query now keeps."""
     return any(marker in error for marker in INCOMPATIBLE_STATE)
 
 
 def reset_marker(settings: Settings, layer: str) -> Path:
-    """Present while ``lakehouse reset LAYER`` runs, and after it if it was interrupted."""
+    """Present while ``lakehouse reset`` rebuilds ``layer``, and after it if it was
+    interrupted; it names the reset to run again (a reset of silver marks gold too)."""
     return settings.root / "control" / f"reset-{layer}"
+
+
+def mark_reset(settings: Settings, layer: str, reset: str, started: str) -> None:
+    marker = reset_marker(settings, layer)
+    if not marker.exists():  # a reset run again keeps the first one's record
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"reset": reset, "started": started}) + "\n", "utf-8")
 
 
 def refuse_if_reset_unfinished(settings: Settings, layers: list[str] | tuple[str, ...]
                                ) -> None:
-    """A layer whose reset did not finish has emptied tables or lost checkpoints: its
-    streams must not resume on them."""
+    """A layer under reset, or whose reset did not finish, has emptied tables or lost
+    checkpoints: neither its streams nor a reprocess may work on it."""
     for layer in layers:
-        if reset_marker(settings, layer).exists():
+        marker = reset_marker(settings, layer)
+        if marker.exists():
+            record = json.loads(marker.read_text("utf-8"))
             raise CheckpointIncompatible(
-                f"a reset of {layer} started at "
-                f"{reset_marker(settings, layer).read_text('utf-8').strip()} did not finish: "
-                f"run 'lakehouse reset {layer}' again before starting its streams")
+                f"{layer} is being reset ('lakehouse reset {record['reset']}', started "
+                f"{record['started']}), or that reset was interrupted: wait for it, or run "
+                f"'lakehouse reset {record['reset']}' again")

@@ -215,7 +215,7 @@ def cmd_chaos(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
-    from spark_jobs import reasons, reprocess
+    from spark_jobs import checkpoints, reasons, reprocess
     from spark_jobs.gold import writer as gold_writer
     from spark_jobs.session import build_spark
     from spark_jobs.silver.validation import Rules
@@ -237,6 +237,9 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
         days = reprocess.DateRange.parse(args.first, args.last) if ranged else None
     except reprocess.ReprocessError as error:
         raise UsageError(str(error)) from None
+    # A layer under reset is emptied and replayed: a rebuild beside it would place records
+    # the replay places too.
+    checkpoints.refuse_if_reset_unfinished(settings, ("silver", "gold"))
 
     # Started on first use: a gold rebuild handed to the running stream driver, or a ledger
     # with nothing to repair, needs no Spark here at all.
@@ -313,7 +316,7 @@ def cmd_reset(settings: Settings, args: argparse.Namespace) -> int:
     """The runbook for a change a stream's checkpoint cannot carry (``spark_jobs.reset``)."""
     from dataclasses import asdict
 
-    from spark_jobs import reset
+    from spark_jobs import reset, streaming
     from spark_jobs.ops.leases import LeaseHeld
     from spark_jobs.session import build_spark
 
@@ -323,7 +326,7 @@ def cmd_reset(settings: Settings, args: argparse.Namespace) -> int:
     spark = build_spark(settings, app_name=f"lakehouse-reset-{args.layer}")
     try:
         outcome = reset.reset(spark, settings, args.layer)
-    except LeaseHeld as error:
+    except (LeaseHeld, streaming.StreamFailed) as error:
         print(f"lakehouse reset: {error}", file=sys.stderr)
         return 1
     finally:

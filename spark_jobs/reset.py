@@ -10,8 +10,8 @@ Reset rebuilds the layer under the logic now configured, exactly:
 2. deletes the layers' checkpoints and the rows of their tables (Delta keeps the old
    versions for time travel until VACUUM), and for gold the record of earlier rebuilds;
 3. replays the layers' streams from the start of their sources (``--available-now``):
-   silver judges every bronze record again and keeps each event's first delivery, as it
-   did the first time; gold counts every silver event again;
+   silver judges every bronze record again, and each event's row is then its first
+   delivery (``adopt_first_deliveries``); gold counts every silver event again;
 4. rebuilds gold for every event date of silver, so what the replay's batches found late
    is counted too and gold equals the batch recomputation; the ledger's entries for those
    dates are marked repaired;
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import functions as F
 
 from spark_jobs import checkpoints, streaming
+from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import ConfigError, Settings
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import gold_rebuilds
@@ -73,13 +74,13 @@ def reset(spark: SparkSession, settings: Settings, layer: str) -> ResetOutcome:
     layers = RESETS[layer]
     with leases(settings, layers, purpose=REPROCESS):
         for reset_layer in layers:  # kept until the end: a half-reset layer stays shut
-            marker = checkpoints.reset_marker(settings, reset_layer)
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            if not marker.exists():
-                marker.write_text(started.isoformat() + "\n", "utf-8")
+            checkpoints.mark_reset(settings, reset_layer, layer, started.isoformat())
         for reset_layer in layers:
             _forget(spark, settings, reset_layer)
-        streaming.catch_up(spark, settings, layers)
+        for reset_layer in layers:
+            streaming.catch_up(spark, settings, [reset_layer])
+            if reset_layer == "silver":
+                adopt_first_deliveries(spark, settings)
 
         dates = (spark.read.format("delta").load(silver.TABLE.path(settings))
                  .agg(F.min("event_date").alias("first"), F.max("event_date").alias("last"))
@@ -93,6 +94,19 @@ def reset(spark: SparkSession, settings: Settings, layer: str) -> ResetOutcome:
     return ResetOutcome(layers, rows,
                         None if dates.first is None else (str(dates.first), str(dates.last)),
                         round((datetime.now(UTC) - started).total_seconds(), 1))
+
+
+def adopt_first_deliveries(spark: SparkSession, settings: Settings) -> None:
+    """Each event's row from its first delivery, whatever order the replay read bronze in.
+    A stream without a checkpoint starts from bronze's current snapshot, ordered by when
+    its files were written, and OPTIMIZE rewrites old records into new files: a
+    redelivery in a file it left alone could be read, and inserted, first."""
+    from spark_jobs.silver.validation import Rules, validate
+
+    bronze_rows = spark.read.format("delta").load(bronze.TABLE.path(settings))
+    events = silver.first_deliveries(silver.accepted(
+        validate(bronze_rows, Rules.from_settings(settings))))
+    silver.adopt_earlier_deliveries(spark, settings, events)
 
 
 def _forget(spark: SparkSession, settings: Settings, layer: str) -> None:

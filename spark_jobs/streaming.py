@@ -126,6 +126,9 @@ def catch_up(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> 
             _raise_if_failed(queries)
             log.info("layer %s caught up", layer)
     finally:
+        for query in started:  # a failure or Ctrl-C must leave none running
+            if query.isActive:
+                query.stop()
         # One append for the whole run, not one per layer: each is a Delta commit, about a
         # second of a run that may have nothing to do.
         recorder.flush(spark, settings, started)

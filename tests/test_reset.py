@@ -6,14 +6,16 @@ import subprocess
 from datetime import datetime
 
 import pytest
+from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from spark_jobs import checkpoints, streaming
+from spark_jobs import checkpoints, reprocess, streaming
+from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.generator import write_atomically
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import late_data
 from spark_jobs.ops.leases import LeaseHeld, leases
-from spark_jobs.reset import reset
+from spark_jobs.reset import adopt_first_deliveries, reset
 from spark_jobs.silver import ad_campaigns, quarantine
 from spark_jobs.silver import ad_events as silver
 from tests.conftest import cli_env, lakehouse_command, make_settings
@@ -33,15 +35,18 @@ FILES = {
     "1.jsonl": [event("v1", "2026-11-20T09:00:00Z", "view"),
                 # 40 minutes after v1: attributed to it under a 1-hour bound, not 30 minutes.
                 event("c1", "2026-11-20T09:40:00Z", "click"),
-                event("v1", "2026-11-20T09:00:00Z", "view"),  # a redelivery
                 "{not json"],
-    "2.jsonl": [event("v2", "2026-11-20T12:00:00Z", "view", ad="ad-2")],
+    "2.jsonl": [event("v2", "2026-11-20T12:00:00Z", "view", ad="ad-2"),
+                event("v1", "2026-11-20T09:00:00Z", "view")],  # a redelivery, a batch later
     "3.jsonl": [event("late", "2026-11-20T08:30:00Z", "view")],
 }
 
 
 @pytest.fixture(scope="module")
 def lake(spark, tmp_path_factory):
+    """One lake for the module's tests, which run in order: each leaves it as the next
+    expects (the first ends with gold under a 30-minute bound; the silver reset restores
+    the configured one)."""
     settings = make_settings(tmp_path_factory.mktemp("reset") / "lake", max_files_per_trigger=1)
     write_atomically(settings.landing_campaigns, "campaigns.jsonl", "".join(
         json.dumps({"ad_id": ad, "campaign_id": campaign,
@@ -70,16 +75,19 @@ def gold_equals_batch(spark, settings) -> bool:
             and differences(read(spark, settings, ad_attribution.TABLE), attribution) == 0)
 
 
-def test_a_changed_join_bound_is_refused_and_reset_rebuilds_gold_exactly(spark, lake) -> None:
+def test_a_changed_join_bound_is_refused_and_reset_rebuilds_gold_exactly(spark, lake,
+                                                                         monkeypatch) -> None:
     # As streamed: c1 attributed to v1 (40 minutes, within the 1-hour bound), and the late
     # view in the ledger, not in gold: gold is short of the batch by it.
     assert [r.view_event_id for r in read(spark, lake, ad_attribution.TABLE).collect()] == ["v1"]
     assert read(spark, lake, late_data.TABLE).agg(F.sum("late_rows")).first()[0] == 1
     assert not gold_equals_batch(spark, lake)
 
-    # Allowed: another rate limit and trigger resume from the checkpoint.
-    streaming.run_available_now(spark, lake.replace(max_files_per_trigger=5,
-                                                    trigger_interval="7 seconds"), ["gold"])
+    # Allowed: another rate limit and trigger, and the same bound spelled otherwise, resume
+    # from the checkpoint.
+    streaming.run_available_now(spark, lake.replace(
+        max_files_per_trigger=5, trigger_interval="7 seconds",
+        attribution_max_gap="60 minutes"), ["gold"])
 
     # Not allowed: a shorter join bound, refused before any batch, naming the runbook.
     shorter = lake.replace(attribution_max_gap="30 minutes")
@@ -92,12 +100,19 @@ def test_a_changed_join_bound_is_refused_and_reset_rebuilds_gold_exactly(spark, 
     with leases(lake, ["gold"]), pytest.raises(LeaseHeld, match="gold stream is already"):
         reset(spark, shorter, "gold")
 
-    # A reset interrupted half-way keeps the layer's streams shut until it is run again.
+    # A reset interrupted half-way (here its last step, gold's rebuild, fails) keeps the
+    # layer's streams shut, and reprocessing out, until it is run again.
+    def interrupted(*_args, **_kwargs):
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(reprocess, "rebuild_gold", interrupted)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        reset(spark, shorter, "gold")
+    monkeypatch.undo()
     marker = checkpoints.reset_marker(lake, "gold")
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text("2026-11-25T21:00:00+00:00\n")
     with pytest.raises(checkpoints.CheckpointIncompatible,
-                       match="reset of gold started at 2026-11-25T21:00.*did not finish"):
+                       match=r"gold is being reset \('lakehouse reset gold', started .*"
+                             r"run 'lakehouse reset gold' again"):
         streaming.run_available_now(spark, shorter, ["gold"])
 
     outcome = reset(spark, shorter, "gold")
@@ -125,6 +140,18 @@ def test_resetting_silver_rebuilds_it_and_gold_as_they_were(spark, lake) -> None
                       for row in read(spark, lake, spec).drop(*dropped).collect())
 
     silver_before = rows(silver.TABLE)
+    # Whatever order a replay reads bronze in (OPTIMIZE rewrites old records into new
+    # files), each event's row ends as its first delivery: here v1's row is made to look
+    # like its redelivery's, and the reset's last silver step puts the first one back.
+    first = read(spark, lake, silver.TABLE).where("event_id = 'v1'").first()
+    redelivery = read(spark, lake, bronze.TABLE).where(
+        "raw LIKE '%\"v1\"%' AND source_file LIKE '%2.jsonl'").first()
+    DeltaTable.forPath(spark, silver.TABLE.path(lake)).update(
+        "event_id = 'v1'", {"bronze_id": F.lit(redelivery.bronze_id),
+                            "ingested_at": F.lit(redelivery.ingested_at)})
+    adopt_first_deliveries(spark, lake)
+    assert read(spark, lake, silver.TABLE).where("event_id = 'v1'").first() == first
+
     # When a record was quarantined is the one thing a replay changes.
     quarantine_before = rows(quarantine.TABLE, "quarantined_at")
     outcome = reset(spark, lake, "silver")
@@ -156,7 +183,9 @@ def test_a_changed_join_key_is_refused_by_spark_with_the_runbook(spark, lake,
         streaming.run_available_now(spark, lake, ["gold"])
     monkeypatch.undo()
     streaming.run_available_now(spark, lake, ["gold"])
-    assert read(spark, lake, silver.TABLE).where("event_id = 'v4'").count() == 1
+    # Resumed with the join as its state knows it; v4 counted in its window.
+    assert read(spark, lake, campaign_stats.TABLE).where(
+        "campaign_id = 'c-1' AND window_start = '2026-11-20 12:30:00'").first().views == 1
 
 
 def test_the_command_line_refuses_the_change_and_a_bronze_reset(lake) -> None:
@@ -169,6 +198,17 @@ def test_the_command_line_refuses_the_change_and_a_bronze_reset(lake) -> None:
     assert ("gold_campaign_stats: its checkpoint" in changed.stderr
             and "window_duration = '1 minute' (now '5 minutes')" in changed.stderr
             and "lakehouse reset gold" in changed.stderr), changed.stderr[-3000:]
+
+    # A reset under way (or interrupted) keeps reprocessing out, before any Spark starts.
+    checkpoints.mark_reset(lake, "silver", "silver", "2026-11-25T22:00:00+00:00")
+    try:
+        refused = subprocess.run(
+            lakehouse_command("reprocess", "--late", "--root", str(lake.root)),
+            env=cli_env(), capture_output=True, text=True, timeout=120)
+    finally:
+        checkpoints.reset_marker(lake, "silver").unlink()
+    assert refused.returncode == 2
+    assert "silver is being reset ('lakehouse reset silver'" in refused.stderr, refused.stderr
 
     bronze = subprocess.run(lakehouse_command("reset", "bronze", "--root", str(lake.root)),
                             env=cli_env(), capture_output=True, text=True, timeout=60)
