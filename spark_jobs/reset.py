@@ -62,16 +62,21 @@ class ResetOutcome:
     seconds: float
 
 
+def layers_reset_by(layer: str) -> tuple[str, ...]:
+    """The layers a reset of ``layer`` rebuilds; a clear error for one it cannot reset."""
+    if layer not in RESETS:
+        raise ConfigError(f"cannot reset {layer!r}: choose from {', '.join(RESETS)} (bronze "
+                          f"is the record of deliveries, rebuilt by nothing)")
+    return RESETS[layer]
+
+
 def reset(spark: SparkSession, settings: Settings, layer: str) -> ResetOutcome:
     """Rebuild ``layer`` (and the layers that read it) from its sources, under the settings
     now configured. Raises ``LeaseHeld`` while a driver streams any of them."""
     from spark_jobs.reprocess import DateRange, rebuild_gold
 
-    if layer not in RESETS:
-        raise ConfigError(f"cannot reset {layer!r}: choose from {', '.join(RESETS)} (bronze "
-                          f"is the record of deliveries, rebuilt by nothing)")
+    layers = layers_reset_by(layer)
     started = datetime.now(UTC)
-    layers = RESETS[layer]
     with leases(settings, layers, purpose=REPROCESS):
         for reset_layer in layers:  # kept until the end: a half-reset layer stays shut
             checkpoints.mark_reset(settings, reset_layer, layer, started.isoformat())
