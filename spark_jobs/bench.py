@@ -27,7 +27,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs import config, feed_bench, growth_bench, pipeline_bench
+from spark_jobs import config, feed_bench, growth_bench, pipeline_bench, startup_bench
 from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import campaign_stats
 from spark_jobs.maintenance import optimize
@@ -40,7 +40,7 @@ EVENTS_PER_BATCH = 2_000
 CAMPAIGNS, DAYS = 40, 7
 REPEATS = 5
 FEED_START_SHARE, FEED_START_RATE = 0.6, 6_000
-PARTS = ("pipeline", "feed", "growth", "maintenance")
+PARTS = ("pipeline", "feed", "growth", "maintenance", "startup")
 
 
 def silver_batch(spark: SparkSession, batch: int) -> DataFrame:
@@ -211,6 +211,9 @@ def main() -> None:
                                                  args.growth_rows, args.repetitions)
         if "maintenance" in parts:
             results["maintenance"] = run(spark, root / "maintenance")
+        if "startup" in parts:
+            results["startup"] = startup_bench.run(settings, root / "startup",
+                                                   args.repetitions)
     except BaseException as error:  # the parts that finished are kept, with the failure
         results["failed"] = f"{type(error).__name__}: {error}"
         raise
@@ -221,7 +224,7 @@ def main() -> None:
         output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     for part, show in (("pipeline", pipeline_bench.render), ("feed", feed_bench.render),
                        ("growth", growth_bench.render),
-                       ("maintenance", render)):
+                       ("maintenance", render), ("startup", startup_bench.render)):
         if part in results:
             print(show(results[part]))
     print(f"results: {output}")

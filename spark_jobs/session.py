@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from spark_jobs import class_archive
 from spark_jobs.config import LOOPBACK, ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -53,10 +54,13 @@ def spark_conf(settings: Settings) -> dict[str, str]:
 
 def _java_options(settings: Settings) -> dict[str, str]:
     """The driver's and executors' JVM options, when configured (they replace what
-    ``spark-defaults.conf`` sets for these keys, so an empty setting leaves those alone)."""
+    ``spark-defaults.conf`` sets for these keys, so an empty setting leaves those alone).
+    The driver also maps the class archive ``make setup`` built, when there is one: it is
+    on the driver's disk, not an executor's."""
     options = settings.spark_java_options
-    return ({"spark.driver.extraJavaOptions": options,
-             "spark.executor.extraJavaOptions": options} if options else {})
+    driver = f"{options} {class_archive.use_options(settings)}".strip()
+    return (({"spark.driver.extraJavaOptions": driver} if driver else {})
+            | ({"spark.executor.extraJavaOptions": options} if options else {}))
 
 
 def _driver_address(settings: Settings) -> dict[str, str]:
@@ -67,15 +71,21 @@ def _driver_address(settings: Settings) -> dict[str, str]:
     return {"spark.driver.host": host, "spark.driver.bindAddress": host} if host else {}
 
 
-def build_spark(settings: Settings, app_name: str = "lakehouse") -> SparkSession:
-    """A SparkSession with Delta, RocksDB state and the project's defaults."""
+def build_spark(settings: Settings, app_name: str = "lakehouse",
+                extra_driver_options: str = "") -> SparkSession:
+    """A SparkSession with Delta, RocksDB state and the project's defaults;
+    ``extra_driver_options`` are added to the driver JVM's (when this call starts it)."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         # Not under spark-submit, whose --master (Airflow's Spark connection) must win.
         builder = builder.master(settings.spark_master)
-    for key, value in spark_conf(settings).items():
+    conf = spark_conf(settings)
+    if extra_driver_options:
+        driver = conf.get("spark.driver.extraJavaOptions", "")
+        conf["spark.driver.extraJavaOptions"] = f"{driver} {extra_driver_options}".strip()
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
