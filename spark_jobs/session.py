@@ -58,9 +58,11 @@ def _java_options(settings: Settings) -> dict[str, str]:
     The driver also maps the class archive ``make setup`` built, when there is one: it is
     on the driver's disk, not an executor's."""
     options = settings.spark_java_options
-    driver = f"{options} {class_archive.use_options(settings)}".strip()
-    return (({"spark.driver.extraJavaOptions": driver} if driver else {})
-            | ({"spark.executor.extraJavaOptions": options} if options else {}))
+    if not options:
+        return {}
+    return {"spark.driver.extraJavaOptions":
+            f"{options} {class_archive.use_options(settings)}".strip(),
+            "spark.executor.extraJavaOptions": options}
 
 
 def _driver_address(settings: Settings) -> dict[str, str]:

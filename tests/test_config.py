@@ -21,14 +21,14 @@ def test_defaults_come_from_the_checked_in_file(tmp_path: Path) -> None:
     # The driver's ports on loopback with a local master; reachable by a cluster's executors.
     assert spark_conf(settings)["spark.driver.bindAddress"] == "127.0.0.1"
     assert "spark.driver.host" not in spark_conf(settings.replace(spark_master="spark://m:7077"))
-    # Validation's generated code is JIT-compiled; an empty setting leaves the executors'
-    # JVM options to spark-defaults.conf (the driver's also map the class archive once it
-    # is built: tests/test_class_archive.py).
+    # Validation's generated code is JIT-compiled; an empty setting leaves the JVM options
+    # to spark-defaults.conf (the driver's also map the class archive once it is built:
+    # tests/test_class_archive.py).
     conf = spark_conf(settings)
     assert conf["spark.executor.extraJavaOptions"] == "-XX:-DontCompileHugeMethods"
     assert conf["spark.driver.extraJavaOptions"].startswith("-XX:-DontCompileHugeMethods")
-    assert "spark.executor.extraJavaOptions" not in spark_conf(
-        settings.replace(spark_java_options=""))
+    assert not {key for key in spark_conf(settings.replace(spark_java_options=""))
+                if key.endswith("JavaOptions")}
 
 
 def test_environment_overrides_file_and_flags_override_environment(tmp_path: Path) -> None:
