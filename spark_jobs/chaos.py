@@ -29,7 +29,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spark_jobs.config import console_script
 from spark_jobs.faults import CRASH_AT_VARIABLE, parse
 
 if TYPE_CHECKING:
@@ -137,8 +137,7 @@ class ChaosReport:
         return {**asdict(self), "ok": self.ok, "summary": self.summary()}
 
 
-# This environment's own console script: the jobs run the installed code, as Airflow runs them.
-_LAKEHOUSE = str(Path(sys.executable).parent / "lakehouse")
+_LAKEHOUSE = console_script("lakehouse")
 
 
 # -- the faults --------------------------------------------------------------------------

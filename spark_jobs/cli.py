@@ -159,7 +159,7 @@ def cmd_airflow(settings: Settings, args: argparse.Namespace) -> int:
     command = args.airflow_args[1:] if args.airflow_args[:1] == ["--"] else args.airflow_args
     env = environment(settings)
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
-    airflow = str(Path(sys.executable).parent / "airflow")
+    airflow = config.console_script("airflow")
     os.execve(airflow, [airflow, *command], env)
     return 0  # not reached
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,12 @@ _UNIT_SECONDS = {
     "ms": 0.001, "millisecond": 0.001, "s": 1, "second": 1,
     "m": 60, "minute": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400,
 }
+
+
+def console_script(name: str) -> str:
+    """This environment's own ``lakehouse`` or ``airflow``: what a job starts runs the
+    installed code, as Airflow runs it."""
+    return str(Path(sys.executable).parent / name)
 
 
 class ConfigError(ValueError):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from spark_jobs import airflow_standalone
 from spark_jobs.airflow_env import environment
-from spark_jobs.config import LOOPBACK, Settings
+from spark_jobs.config import LOOPBACK, Settings, console_script
 
 DAGS = ("lakehouse_streaming", "lakehouse_quality", "lakehouse_maintenance",
         "lakehouse_reprocess")
@@ -60,10 +60,6 @@ def airflow_environment(settings: Settings, options: DemoOptions) -> dict[str, s
     env.setdefault("AIRFLOW__CORE__PARALLELISM", "8")
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     return env
-
-
-def _bin(name: str) -> str:
-    return str(Path(sys.executable).parent / name)
 
 
 def reachable_host(bound: str) -> str:
@@ -106,7 +102,7 @@ def run(settings: Settings, options: DemoOptions) -> int:
     airflow = subprocess.Popen([sys.executable, "-m", airflow_standalone.MODULE], env=env,
                                stdout=(log_dir / "airflow-standalone.log").open("ab"),
                                stderr=subprocess.STDOUT, start_new_session=True)
-    feed = subprocess.Popen([_bin("lakehouse"), "generate", "--root", str(settings.root),
+    feed = subprocess.Popen([console_script("lakehouse"), "generate", "--root", str(settings.root),
                              "--rate", f"{options.rate:g}"], env=env,
                             stdout=(log_dir / "demo-feed.log").open("ab"),
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -171,7 +167,7 @@ class FirstReport:
             return
         with self.log.open("ab") as log:
             self.trigger = subprocess.Popen(
-                [_bin("airflow"), "dags", "trigger", "lakehouse_quality"], env=self.env,
+                [console_script("airflow"), "dags", "trigger", "lakehouse_quality"], env=self.env,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def _gold_has_rows(self) -> bool:
@@ -190,10 +186,10 @@ def _shut_down(settings: Settings, env: dict[str, str], feed: subprocess.Popen[b
     _terminate(feed, 30)
     if airflow.poll() is None:
         # Paused first, so the @continuous DAG does not start the streams again.
-        subprocess.run([_bin("airflow"), "dags", "pause", "lakehouse_streaming"], env=env,
-                       capture_output=True, timeout=120)
-    subprocess.run([_bin("lakehouse"), "stop", "--root", str(settings.root), "--wait", "180"],
-                   env=env, timeout=240)
+        subprocess.run([console_script("airflow"), "dags", "pause", "lakehouse_streaming"],
+                       env=env, capture_output=True, timeout=120)
+    subprocess.run([console_script("lakehouse"), "stop", "--root", str(settings.root),
+                    "--wait", "180"], env=env, timeout=240)
     _terminate(airflow, 60)
     print("stopped", flush=True)
 

@@ -13,13 +13,12 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from spark_jobs import class_archive
-from spark_jobs.config import Settings
+from spark_jobs.config import Settings, console_script
 
 COMMANDS = {"stream": ("stream", "--available-now"), "audit": ("audit", "--expected")}
 EVENTS = 300
@@ -54,7 +53,7 @@ def run(settings: Settings, scratch: Path, repetitions: int) -> dict[str, Any]:
 def _lakehouse(jars: Path, *args: str) -> float:
     env = {**os.environ, "LAKEHOUSE_JARS_DIR": str(jars)}
     started = time.perf_counter()
-    subprocess.run([str(Path(sys.executable).parent / "lakehouse"), *args], env=env,
+    subprocess.run([console_script("lakehouse"), *args], env=env,
                    check=True, capture_output=True, timeout=600)
     return round(time.perf_counter() - started, 2)
 
