@@ -13,16 +13,18 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import dag
+from airflow.sdk import CronTriggerTimetable, dag
 
 from lakehouse_airflow.jobs import lakehouse_job
 
 
 @dag(
     dag_id="lakehouse_maintenance",
-    schedule="30 2 * * *",
-    # No start_date: the first run waits for the next scheduled time, rather than running
-    # the latest missed one the moment the DAG is unpaused.
+    # No start_date, and no grace: the first run waits for the next 02:30, rather than
+    # running the one just missed the moment the DAG is unpaused (beside the streams' own
+    # start). Airflow 3.3 reads run_immediately=False like None, a grace of a tenth of the
+    # period (2.4 hours after 02:30); only a zero grace waits.
+    schedule=CronTriggerTimetable("30 2 * * *", timezone="UTC", run_immediately=timedelta(0)),
     catchup=False,
     max_active_runs=1,
     tags=["lakehouse", "maintenance"],

@@ -22,10 +22,13 @@ VALIDATED_ON_UPDATE = ("silver.ad_events", "gold.campaign_stats", "gold.ad_attri
 
 @dag(
     dag_id="lakehouse_quality",
-    schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 * * * *", timezone="UTC"),
-                                 assets=AssetAny(*assets(*VALIDATED_ON_UPDATE))),
-    # No start_date: the first run waits for the next scheduled time, rather than running
-    # the latest missed one the moment the DAG is unpaused.
+    schedule=AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable("0 * * * *", timezone="UTC",
+                                       run_immediately=timedelta(0)),
+        assets=AssetAny(*assets(*VALIDATED_ON_UPDATE))),
+    # No start_date, and no grace: the first run waits for the next hour, rather than
+    # running the one just missed the moment the DAG is unpaused (a tenth of the period
+    # with run_immediately=False, which Airflow 3.3 reads like None).
     catchup=False,
     max_active_runs=1,
     tags=["lakehouse", "quality"],

@@ -23,8 +23,24 @@ DAG_IDS = {"lakehouse_streaming", "lakehouse_reprocess", "lakehouse_maintenance"
 
 DAGBAG_REPORT = """
 import json, sys
+from unittest import mock
 from airflow.dag_processing.dagbag import DagBag
+from airflow.serialization.serialized_objects import DagSerialization
+from pendulum import parse
+
 bag = DagBag()
+
+
+def first_run_after(dag, now):
+    # The first automated run the scheduler creates when the DAG is unpaused at ``now``:
+    # its own call on the DAG as it reads it from the database.
+    served = DagSerialization.from_dict(DagSerialization.to_dict(dag))
+    with mock.patch("airflow.timetables.trigger.utcnow", return_value=parse(now)), \\
+            mock.patch("airflow.timetables.interval.utcnow", return_value=parse(now)):
+        info = served.next_dagrun_info(last_automated_run_info=None)
+    return info and info.run_after.isoformat()
+
+
 print(json.dumps({
     "errors": {path: str(error) for path, error in bag.import_errors.items()},
     "parse_seconds": {s.file: s.duration.total_seconds() for s in bag.dagbag_stats},
@@ -33,6 +49,7 @@ print(json.dumps({
     "dags": {dag_id: {
         "tags": sorted(dag.tags), "doc_md": bool(dag.doc_md), "catchup": dag.catchup,
         "max_active_runs": dag.max_active_runs,
+        "first_run_after": {now: first_run_after(dag, now) for now in json.loads(sys.argv[1])},
         "tasks": {task.task_id: {"retries": task.retries,
                                  "timeout": bool(task.execution_timeout),
                                  "max_active_tis_per_dag": task.max_active_tis_per_dag}
@@ -47,10 +64,16 @@ def airflow(root, *args: str, timeout: int = 600, **extra: str):
                           capture_output=True, text=True, timeout=timeout)
 
 
+# Moments at which a DAG gets unpaused: just after midnight, just after the nightly
+# maintenance's 02:30 and just after an hour.
+UNPAUSED_AT = ["2026-11-26T00:03:00+00:00", "2026-11-26T02:33:00+00:00",
+               "2026-11-26T14:01:00+00:00"]
+
+
 def dagbag_report(root, **extra: str) -> dict:
     env = environment(make_settings(root), cli_env(**extra))
-    done = subprocess.run([sys.executable, "-c", DAGBAG_REPORT], env=env, capture_output=True,
-                          text=True, timeout=300, check=True)
+    done = subprocess.run([sys.executable, "-c", DAGBAG_REPORT, json.dumps(UNPAUSED_AT)],
+                          env=env, capture_output=True, text=True, timeout=300, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -84,6 +107,27 @@ def test_every_dag_parses_with_retries_timeouts_tags_and_docs(tmp_path, mode) ->
         "lakehouse_streaming": 1, "lakehouse_quality": 1, "lakehouse_maintenance": 1,
         "lakehouse_reprocess": 2}
     assert rebuilds_at_once(report) == {"replay_quarantine": 2, "rebuild_dates": 2}
+
+
+def test_periodic_dags_wait_for_their_time_when_unpaused(tmp_path) -> None:
+    """Unpausing (``make run`` does it at start-up) must not start a maintenance or
+    validation run for a time just missed beside the streams' own start: each waits for its
+    next scheduled time. The nightly reprocess does run the day that ended last (its data
+    interval; a fresh lake has nothing there, so it is quick to find nothing)."""
+    first = {dag_id: dag["first_run_after"]
+             for dag_id, dag in dagbag_report(tmp_path / "lake")["dags"].items()}
+    assert first["lakehouse_maintenance"] == {
+        # 02:30 had just passed at 02:33, so the next is tomorrow's.
+        UNPAUSED_AT[0]: "2026-11-26T02:30:00+00:00",
+        UNPAUSED_AT[1]: "2026-11-27T02:30:00+00:00",
+        UNPAUSED_AT[2]: "2026-11-27T02:30:00+00:00"}
+    assert first["lakehouse_quality"] == {
+        UNPAUSED_AT[0]: "2026-11-26T01:00:00+00:00",
+        UNPAUSED_AT[1]: "2026-11-26T03:00:00+00:00",
+        UNPAUSED_AT[2]: "2026-11-26T15:00:00+00:00"}
+    # Midnight to midnight: the run for the day just over may start at once.
+    assert first["lakehouse_reprocess"] == dict.fromkeys(UNPAUSED_AT,
+                                                         "2026-11-26T00:00:00+00:00")
 
 
 def rebuilds_at_once(report: dict) -> dict[str, int]:
