@@ -41,9 +41,9 @@ from typing import Any
 
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import Param, dag
-from airflow.timetables.interval import CronDataIntervalTimetable
 
 from lakehouse_airflow.jobs import assets, is_true, lakehouse_job
+from lakehouse_airflow.timetables import NightlyDays
 from spark_jobs import config
 
 REBUILDS = ("silver.ad_events", "gold.campaign_stats", "gold.ad_attribution")
@@ -81,8 +81,9 @@ def optional_date(description: str) -> Param:
     # Midnight to midnight: a run's data interval is exactly the UTC day it rebuilds, so a
     # backfill's --from-date and --to-date are the first and last day rebuilt (an offset
     # schedule would shift the days and drop the last one). Later arrivals are repaired by
-    # the late-data step of a later run.
-    schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
+    # the late-data step of a later run. Unpausing does not start a rebuild for a night
+    # long over (NightlyDays).
+    schedule=NightlyDays("0 0 * * *", timezone="UTC"),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=PARALLEL_DAYS,

@@ -15,6 +15,7 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
+from lakehouse_airflow.timetables import NightlyDays
 from lakehouse_airflow.views import latest_report, report_file, stream_health_page
 
 app = FastAPI(title="Lakehouse",
@@ -46,6 +47,7 @@ def reports(relative: str) -> FileResponse:
 
 class LakehousePlugin(AirflowPlugin):
     name = "lakehouse"
+    timetables = [NightlyDays]
     fastapi_apps = [{"app": app, "url_prefix": "/lakehouse", "name": "Lakehouse"}]
     external_views = [
         {"name": "Stream health", "href": "lakehouse/health", "destination": "nav",

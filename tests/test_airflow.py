@@ -26,18 +26,21 @@ import json, sys
 from unittest import mock
 from airflow.dag_processing.dagbag import DagBag
 from airflow.serialization.serialized_objects import DagSerialization
+from airflow.timetables.base import DagRunInfo
 from pendulum import parse
 
 bag = DagBag()
 
 
-def first_run_after(dag, now):
-    # The first automated run the scheduler creates when the DAG is unpaused at ``now``:
-    # its own call on the DAG as it reads it from the database.
+def first_run_after(dag, now, last=None):
+    # The next automated run the scheduler creates at ``now`` (the first one when the DAG
+    # is unpaused, or after the automated run ``last``): its own call on the DAG as it
+    # reads it from the database.
     served = DagSerialization.from_dict(DagSerialization.to_dict(dag))
     with mock.patch("airflow.timetables.trigger.utcnow", return_value=parse(now)), \\
             mock.patch("airflow.timetables.interval.utcnow", return_value=parse(now)):
-        info = served.next_dagrun_info(last_automated_run_info=None)
+        info = served.next_dagrun_info(last_automated_run_info=last and DagRunInfo.interval(
+            *map(parse, last)))
     return info and info.run_after.isoformat()
 
 
@@ -50,6 +53,9 @@ print(json.dumps({
         "tags": sorted(dag.tags), "doc_md": bool(dag.doc_md), "catchup": dag.catchup,
         "max_active_runs": dag.max_active_runs,
         "first_run_after": {now: first_run_after(dag, now) for now in json.loads(sys.argv[1])},
+        # After a backfill of 22 November (a backfill's runs count as automated).
+        "after_backfill": {now: first_run_after(dag, now, ("2026-11-22", "2026-11-23"))
+                           for now in json.loads(sys.argv[1])},
         "tasks": {task.task_id: {"retries": task.retries,
                                  "timeout": bool(task.execution_timeout),
                                  "max_active_tis_per_dag": task.max_active_tis_per_dag}
@@ -110,12 +116,12 @@ def test_every_dag_parses_with_retries_timeouts_tags_and_docs(tmp_path, mode) ->
 
 
 def test_periodic_dags_wait_for_their_time_when_unpaused(tmp_path) -> None:
-    """Unpausing (``make run`` does it at start-up) must not start a maintenance or
-    validation run for a time just missed beside the streams' own start: each waits for its
-    next scheduled time. The nightly reprocess does run the day that ended last (its data
-    interval; a fresh lake has nothing there, so it is quick to find nothing)."""
-    first = {dag_id: dag["first_run_after"]
-             for dag_id, dag in dagbag_report(tmp_path / "lake")["dags"].items()}
+    """Unpausing (``make run`` does it at start-up) must not start a maintenance,
+    validation or rebuild run for a time missed beside the streams' own start: each waits
+    for its next scheduled time; a nightly rebuild still starts within two hours of its
+    midnight."""
+    dags = dagbag_report(tmp_path / "lake")["dags"]
+    first = {dag_id: dag["first_run_after"] for dag_id, dag in dags.items()}
     assert first["lakehouse_maintenance"] == {
         # 02:30 had just passed at 02:33, so the next is tomorrow's.
         UNPAUSED_AT[0]: "2026-11-26T02:30:00+00:00",
@@ -125,9 +131,14 @@ def test_periodic_dags_wait_for_their_time_when_unpaused(tmp_path) -> None:
         UNPAUSED_AT[0]: "2026-11-26T01:00:00+00:00",
         UNPAUSED_AT[1]: "2026-11-26T03:00:00+00:00",
         UNPAUSED_AT[2]: "2026-11-26T15:00:00+00:00"}
-    # Midnight to midnight: the run for the day just over may start at once.
-    assert first["lakehouse_reprocess"] == dict.fromkeys(UNPAUSED_AT,
-                                                         "2026-11-26T00:00:00+00:00")
+    # The rebuild of 25 November may start at 00:03, within two hours of the midnight that
+    # ends it; at 02:33 and 14:01 that night is over, and the next is 26 November's.
+    nightly = {UNPAUSED_AT[0]: "2026-11-26T00:00:00+00:00",
+               UNPAUSED_AT[1]: "2026-11-27T00:00:00+00:00",
+               UNPAUSED_AT[2]: "2026-11-27T00:00:00+00:00"}
+    assert first["lakehouse_reprocess"] == nightly
+    # A backfill of earlier days does not make a night long over due either.
+    assert dags["lakehouse_reprocess"]["after_backfill"] == nightly
 
 
 def rebuilds_at_once(report: dict) -> dict[str, int]:
