@@ -10,8 +10,10 @@ Rebuilds event dates of silver and gold from bronze with `lakehouse reprocess`
   rebuilds those seven days, one run per day. Leave `from` and `to` empty in a backfill:
   given, every run of the backfill would rebuild that whole range. The nightly run starts
   at midnight UTC and rebuilds the day that just ended, then repairs the dates the
-  late-data ledger lists (`--late`), in the same Spark application. Backfill and manual
-  runs rebuild their days and nothing else.
+  late-data ledger lists (`--late`), in the same Spark application. A night's run starts
+  within two hours of its midnight or not at all: unpausing the DAG (as `make run` does)
+  or finishing a backfill does not rebuild a night long over; backfill a missed day.
+  Backfill and manual runs rebuild their days and nothing else.
 - **Manual runs** (*Trigger*) take `from` and `to` (YYYY-MM-DD, both included; empty: the
   run's day), `layers` and `quarantine` (re-validate quarantined records with the current
   rules first). No parameter is required; a bad date is refused, naming the parameter.
