@@ -11,8 +11,8 @@ Rebuilds event dates of silver and gold from bronze with `lakehouse reprocess`
   given, every run of the backfill would rebuild that whole range. The nightly run starts
   at midnight UTC and rebuilds the day that just ended, then repairs the dates the
   late-data ledger lists (`--late`), in the same Spark application. A night's run starts
-  within two hours of its midnight or not at all: unpausing the DAG (as `make run` does)
-  or finishing a backfill does not rebuild a night long over; backfill a missed day.
+  within two hours of its midnight: unpausing the DAG (as `make run` does) or finishing a
+  backfill does not rebuild a night long over; backfill a missed day.
   Backfill and manual runs rebuild their days and nothing else.
 - **Manual runs** (*Trigger*) take `from` and `to` (YYYY-MM-DD, both included; empty: the
   run's day), `layers` and `quarantine` (re-validate quarantined records with the current

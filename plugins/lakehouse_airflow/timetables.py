@@ -25,10 +25,12 @@ class NightlyDays(CronDataIntervalTimetable):
     Airflow's ``CronDataIntervalTimetable`` with ``catchup=False`` runs the day that ended
     last whenever the scheduler gets to it: the moment the DAG is unpaused (``make run``
     at any hour started a rebuild JVM beside the streams' own start), or right after a
-    backfill of earlier days. A night missed by more than ``GRACE`` (the DAG unpaused later
-    in the day, the scheduler down past it) is left to a backfill instead; the next
-    night's late-data repair covers every date the ledger lists, missed night or not.
-    Backfills use the intervals as they are.
+    backfill of earlier days. A night missed by more than ``GRACE`` when the scheduler next
+    works out the DAG's next run (the DAG unpaused later in the day, a backfill finished)
+    is left to a backfill instead; the next night's late-data repair covers every date the
+    ledger lists, missed night or not. (A run the scheduler had already worked out before
+    it was itself stopped past its night may still start when it comes back: it creates
+    runs from the times it stored.) Backfills use the intervals as they are.
     """
 
     GRACE = timedelta(hours=2)
@@ -45,7 +47,7 @@ class NightlyDays(CronDataIntervalTimetable):
         # Too late for that night: the day under way, at the midnight that ends it.
         start = self._align_to_prev(now)
         end = self._get_next(start)
-        if restriction.latest is not None and restriction.latest < end:
+        if restriction.latest is not None and start > restriction.latest:  # as Airflow's own
             return None
         return DagRunInfo.interval(start, end)
 
