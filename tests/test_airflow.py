@@ -32,11 +32,10 @@ from pendulum import parse
 bag = DagBag()
 
 
-def first_run_after(dag, now, last=None):
+def first_run_after(served, now, last=None):
     # The next automated run the scheduler creates at ``now`` (the first one when the DAG
     # is unpaused, or after the automated run ``last``): its own call on the DAG as it
-    # reads it from the database.
-    served = DagSerialization.from_dict(json.loads(json.dumps(DagSerialization.to_dict(dag))))
+    # reads it from the database (``served``).
     with mock.patch("airflow.timetables.trigger.utcnow", return_value=parse(now)), \\
             mock.patch("airflow.timetables.interval.utcnow", return_value=parse(now)):
         info = served.next_dagrun_info(last_automated_run_info=last and DagRunInfo.interval(
@@ -44,6 +43,9 @@ def first_run_after(dag, now, last=None):
     return info and info.run_after.isoformat()
 
 
+served = {dag_id: DagSerialization.from_dict(json.loads(json.dumps(
+    DagSerialization.to_dict(dag)))) for dag_id, dag in bag.dags.items()}
+unpaused_at = json.loads(sys.argv[1])
 print(json.dumps({
     "errors": {path: str(error) for path, error in bag.import_errors.items()},
     "parse_seconds": {s.file: s.duration.total_seconds() for s in bag.dagbag_stats},
@@ -52,10 +54,11 @@ print(json.dumps({
     "dags": {dag_id: {
         "tags": sorted(dag.tags), "doc_md": bool(dag.doc_md), "catchup": dag.catchup,
         "max_active_runs": dag.max_active_runs,
-        "first_run_after": {now: first_run_after(dag, now) for now in json.loads(sys.argv[1])},
+        "first_run_after": {now: first_run_after(served[dag_id], now) for now in unpaused_at},
         # After a backfill of 22 November (a backfill's runs count as automated).
-        "after_backfill": {now: first_run_after(dag, now, ("2026-11-22", "2026-11-23"))
-                           for now in json.loads(sys.argv[1])},
+        "after_backfill": {now: first_run_after(served[dag_id], now, ("2026-11-22",
+                                                                     "2026-11-23"))
+                           for now in unpaused_at},
         "tasks": {task.task_id: {"retries": task.retries,
                                  "timeout": bool(task.execution_timeout),
                                  "max_active_tis_per_dag": task.max_active_tis_per_dag}

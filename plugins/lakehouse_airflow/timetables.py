@@ -9,12 +9,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from airflow.timetables import interval
 from airflow.timetables.base import DagRunInfo
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 if TYPE_CHECKING:
     from airflow.timetables.base import DataInterval, TimeRestriction
-    from pendulum import DateTime
 
 
 class NightlyDays(CronDataIntervalTimetable):
@@ -41,7 +41,8 @@ class NightlyDays(CronDataIntervalTimetable):
                                         restriction=restriction)
         if info is None or restriction.catchup:
             return info
-        now = self._now()
+        # Airflow's own clock for timetables, read through its module (tests move it).
+        now = interval.coerce_datetime(interval.utcnow())
         if info.run_after >= now - self.GRACE:
             return info
         # Too late for that night: the day under way, at the midnight that ends it.
@@ -50,10 +51,3 @@ class NightlyDays(CronDataIntervalTimetable):
         if restriction.latest is not None and start > restriction.latest:  # as Airflow's own
             return None
         return DagRunInfo.interval(start, end)
-
-    @staticmethod
-    def _now() -> DateTime:
-        # Airflow's own clock for timetables, looked up at each call (tests move it).
-        from airflow.timetables import interval
-
-        return interval.coerce_datetime(interval.utcnow())
