@@ -1,10 +1,11 @@
 """The environment Airflow runs the lakehouse in, defined once for ``make``, tests and users.
 
 ``lakehouse airflow …`` runs any ``airflow`` command with it: the project's ``dags/`` and
-``plugins/``, ``AIRFLOW_HOME`` under the lakehouse root (SQLite, the embedded default), and
-the ``lakehouse_spark`` connection on the configured Spark master. Each is only a default:
-an ``AIRFLOW_HOME``, ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` (PostgreSQL) or
-``AIRFLOW_CONN_LAKEHOUSE_SPARK`` (``spark://master:7077``) already set wins.
+``plugins/`` (the checkout's, or the installed wheel's copies), ``AIRFLOW_HOME`` under the
+lakehouse root (SQLite, the embedded default), and the ``lakehouse_spark`` connection on
+the configured Spark master. Each is only a default: an ``AIRFLOW_HOME``,
+``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` (PostgreSQL) or ``AIRFLOW_CONN_LAKEHOUSE_SPARK``
+(``spark://master:7077``) already set wins.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.orm import sessionmaker
 
-from spark_jobs.config import PROJECT_DIR, Settings
+from spark_jobs.config import Settings, bundled
 
 # SQLite, the embedded default, has one writer at a time, and Python's driver gives up after
 # 5 s of waiting for the lock ("database is locked"). Beside the scheduler on a busy machine
@@ -58,8 +59,8 @@ def environment(settings: Settings, base: Mapping[str, str] | None = None) -> di
     embedded = "AIRFLOW_HOME" not in env and not any(
         key.startswith("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") for key in env)
     env.setdefault("AIRFLOW_HOME", str(settings.root / "airflow"))
-    env.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(PROJECT_DIR / "dags"))
-    env.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(PROJECT_DIR / "plugins"))
+    env.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(bundled("dags")))
+    env.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(bundled("plugins")))
     env.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     env.setdefault("AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT", "120")
     if embedded:

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
 from spark_jobs.delta_writes import read_position
-from spark_jobs.generator import ExpectedCounts
+from spark_jobs.expected_counts import ExpectedCounts
 from spark_jobs.ops import late_data, stream_progress
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine

@@ -348,7 +348,7 @@ def prove_accounting(spark: SparkSession, settings: Settings, report: ChaosRepor
     """Bronze, silver and the quarantine against what the generator says it delivered."""
     from spark_jobs.audit import account
     from spark_jobs.bronze import ad_events as bronze
-    from spark_jobs.generator import ExpectedCounts
+    from spark_jobs.expected_counts import ExpectedCounts
 
     expected = ExpectedCounts.load(settings.expected_counts_file)
     accounting = account(spark, settings, settings.expected_counts_file)

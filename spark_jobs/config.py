@@ -8,6 +8,7 @@ Precedence, lowest first: the checked-in ``defaults.toml``, an optional file nam
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 import sys
@@ -19,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
+# The folders the project ships beside its code, and the package each is installed as
+# (pyproject.toml maps them into the wheel).
+BUNDLED_PACKAGES = {"dags": "lakehouse_dags", "plugins": "lakehouse_plugins",
+                    "expectations": "lakehouse_expectations"}
 # Where every server the project starts listens unless configured otherwise.
 LOOPBACK = "127.0.0.1"
 SOURCES = ("files", "kafka")
@@ -28,6 +33,24 @@ _UNIT_SECONDS = {
     "ms": 0.001, "millisecond": 0.001, "s": 1, "second": 1,
     "m": 60, "minute": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400,
 }
+
+
+def in_checkout() -> bool:
+    """Whether this code runs from the project's checkout (an editable install, ``make``),
+    not from an installed wheel."""
+    return (PROJECT_DIR / "pyproject.toml").is_file()
+
+
+def bundled(folder: str) -> Path:
+    """``dags``, ``plugins`` or ``expectations``: the checkout's folder, or the installed
+    wheel's copy of it."""
+    if in_checkout():
+        return PROJECT_DIR / folder
+    spec = importlib.util.find_spec(BUNDLED_PACKAGES[folder])
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"the installed lakehouse has no {folder} folder "
+                          f"(package {BUNDLED_PACKAGES[folder]}): reinstall it")
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def console_script(name: str) -> str:
@@ -197,8 +220,16 @@ def _validated(values: dict[str, Any]) -> Settings:
         interval_seconds(values[key])
     values["root"] = Path(values["root"]).expanduser().resolve()
     values["jars_dir"] = (Path(values["jars_dir"]).expanduser().resolve() if values["jars_dir"]
-                          else PROJECT_DIR / ".cache" / "jars")
+                          else default_jars_dir())
     values["expectations_dir"] = (Path(values["expectations_dir"]).expanduser().resolve()
                                   if values["expectations_dir"]
-                                  else PROJECT_DIR / "expectations")
+                                  else bundled("expectations"))
     return Settings(**values)
+
+
+def default_jars_dir() -> Path:
+    """Where ``make setup`` caches the jars in the checkout; an installed wheel, which has no
+    checkout, looks in the user's cache unless ``jars_dir`` says otherwise."""
+    if in_checkout():
+        return PROJECT_DIR / ".cache" / "jars"
+    return Path.home() / ".cache" / "lakehouse" / "jars"

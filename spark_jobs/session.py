@@ -17,7 +17,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     jars = sorted(settings.jars_dir.glob("*.jar"))
     if not jars:
         raise ConfigError(
-            f"no Delta jars in {settings.jars_dir}: run 'make setup' once (it caches them)")
+            f"no Delta jars in {settings.jars_dir}: run 'make setup' once in the checkout (it "
+            f"caches them), or set jars_dir (LAKEHOUSE_JARS_DIR) to a folder holding them")
     return {
         "spark.jars": ",".join(str(jar) for jar in jars),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",

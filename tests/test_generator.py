@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from spark_jobs import reasons
-from spark_jobs.generator import ExpectedCounts, GenerateRequest, Mess, generate
+from spark_jobs.expected_counts import ExpectedCounts
+from spark_jobs.generator import GenerateRequest, Mess, generate
 
 START = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 

@@ -1,13 +1,15 @@
 """``lakehouse_job``: a ``lakehouse`` verb run as a submitted Spark application.
 
-Every job is the project's CLI (``spark_jobs/cli.py``) submitted with the official
-``SparkSubmitOperator`` against the ``lakehouse_spark`` connection: ``local[*]`` on a
-laptop, ``spark://master:7077`` for a cluster. The Delta jars and every Spark setting come
-from ``spark_jobs.session.spark_conf``, the one place they are defined.
+Every job is the project's CLI (``spark_jobs/cli.py``, wherever the package is installed)
+submitted with the official ``SparkSubmitOperator`` against the ``lakehouse_spark``
+connection: ``local[*]`` on a laptop, ``spark://master:7077`` for a cluster. The Delta jars
+and every Spark setting come from ``spark_jobs.session.spark_conf``, the one place they are
+defined.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
@@ -16,10 +18,10 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from spark_jobs import config
-from spark_jobs.config import PROJECT_DIR
 
 SPARK_CONNECTION = "lakehouse_spark"
-CLI = str(PROJECT_DIR / "spark_jobs" / "cli.py")
+# The file, found without importing it (the CLI's imports are not for DAG parsing).
+CLI = importlib.util.find_spec("spark_jobs.cli").origin
 
 
 def lakehouse_job(task_id: str, verb: str, *args: str,
