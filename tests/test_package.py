@@ -134,3 +134,9 @@ def test_the_installed_lakehouse_streams_validates_and_accounts(installed: Path)
             assert verdicts and all(verdict == "passed" for _, verdict in verdicts), done.stdout
             assert len(verdicts) == len(list((PROJECT_DIR / "expectations").glob("*.json")))
     assert list((root / "reports").glob("quality-*.html"))
+    # The UI plugin's page renders from the installed package's template.
+    page = run(installed, "python", "-c", "import sys; from spark_jobs import config; "
+               "from lakehouse_airflow.views import stream_health_page; "
+               "print(stream_health_page(config.load({'root': sys.argv[1]})))", str(root))
+    assert page.returncode == 0, page.stderr[-3000:]
+    assert "silver_ad_events" in page.stdout

@@ -20,7 +20,7 @@ from spark_jobs.config import ConfigError, interval_seconds
 from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import ad_attribution, campaign_stats, watermark
 from spark_jobs.ops import late_data
-from spark_jobs.quality import report, results, suites
+from spark_jobs.quality import plots, report, results, suites
 from spark_jobs.quality.validate import gold_cut, validate
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
@@ -316,6 +316,26 @@ def test_render_without_history_says_there_is_no_data() -> None:
     assert "No validation ran with this report." in page
 
 
+def test_values_from_the_data_are_escaped_in_the_report() -> None:
+    import pandas as pd
+
+    empty = pd.DataFrame()
+    # An expectation's observed values come from the rows: a hostile event_type among them.
+    failures = pd.DataFrame({
+        "suite": ["silver.ad_events"], "severity": ["critical"],
+        "description": ["event_type is one of view, click, purchase"],
+        "unexpected_count": [3.0], "observed": ["['<script>alert(1)</script>']"],
+        "error": [None], "details": ["data_docs/validations/x.html"]})
+    measures = report.Measures(
+        datetime(2026, 11, 22, 12, 0), 7, empty, failures, empty,
+        pd.DataFrame({"layer": ["bronze"], "lag_minutes": [None], "meaning": ["x"]}),
+        empty, empty)
+    page = report.render(measures)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script" not in page
+    # The count read as a float (NaN elsewhere in its column) shows as the integer it is.
+    assert '<td class="num">3</td>' in page
+
+
 def test_validate_refuses_bad_parameters(tmp_path) -> None:
     root = str(tmp_path / "lake")
     for args, message in ((["--from", "2026-11-02", "--to", "2026-11-01"], "is after --to"),
@@ -385,7 +405,7 @@ def test_a_lone_run_is_plotted_on_hours_not_years() -> None:
 
     one_run = pd.DataFrame({"run_at": [pd.Timestamp("2026-11-24 01:00")],
                             "suite": ["silver.ad_events"], "status": ["passed"]})
-    svg = report.suite_history_chart(one_run)
+    svg = plots.suite_history_chart(one_run)
     # matplotlib names each tick label in a comment: hours of that day, no year ticks
     # (autoscale alone spread the one point over 2025 to 2029).
     labels = re.findall(r"<!-- (.*?) -->", svg)

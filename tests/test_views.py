@@ -132,7 +132,7 @@ def test_every_stream_running_and_keeping_up_is_green() -> None:
     assert views.verdict(statuses) == views.Verdict(
         "ok", "all 5 streams running and keeping up")
     page = page_of(shot)
-    assert "id='verdict'>all 5 streams running and keeping up<" in page
+    assert 'id="verdict">all 5 streams running and keeping up<' in page
     bronze = row_of(page, "bronze_ad_events")
     # The latest batch, integers as integers, times to the second.
     assert bronze[2:5] == ["2026-11-05 11:59:57", "42", "20.0"]
@@ -195,6 +195,19 @@ def test_stalled_dead_and_stopped_streams_are_not_green() -> None:
                                         heartbeats=[beat(stopped=True)], live=False))
     assert {s.state for s in stopped.values()} == {"stopped on request"}
     assert views.verdict(list(stopped.values())).level == "warn"
+
+
+def test_text_from_the_drivers_and_the_settings_is_escaped_never_markup() -> None:
+    # A driver's problem carries an exception's message, the root is whatever the user
+    # configured: both reach the page as text.
+    statuses = views.stream_statuses(snapshot(progress=healthy_progress(),
+                                              heartbeats=[beat()]))
+    outcome = views.verdict(statuses, ["lease lost: <img src=x onerror=alert(1)>"])
+    page = views.render_stream_health(statuses, outcome, datetime.now(UTC),
+                                      root="/data/<script>alert(1)</script>")
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "/data/&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<img" not in page and "<script" not in page
 
 
 def test_the_drivers_problems_are_never_shown_green() -> None:

@@ -6,20 +6,20 @@ state rows and late rows, and one verdict: green only when every stream is runni
 keeping up. ``read_snapshot`` does all the reading (``ops.stream_progress``,
 ``ops.late_data`` with ``deltalake``, i.e. delta-rs: no
 Spark in the API server; the drivers' heartbeats and leases); ``stream_statuses``,
-``verdict`` and ``render_stream_health`` are pure functions of it. ``latest_report`` finds
+``verdict`` and ``render_stream_health`` (``templates/stream_health.html.j2``) are pure
+functions of it. ``latest_report`` finds
 the newest data quality report.
 """
 
 from __future__ import annotations
 
-import html
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from spark_jobs import config, delta_reader
+from spark_jobs import config, delta_reader, pages
 from spark_jobs.config import ConfigError, Settings
 from spark_jobs.ops import heartbeat
 from spark_jobs.ops.leases import driver
@@ -46,16 +46,6 @@ PROGRESS_COLUMNS = ["query_name", "batch_id", "batch_at", "num_input_rows",
                     "rows_dropped_by_watermark"]
 
 Level = Literal["ok", "warn", "bad"]
-
-STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #1b1f24; }
-table { border-collapse: collapse; width: 100%; font-size: 0.9rem; }
-th, td { padding: 0.35rem 0.6rem; border-bottom: 1px solid #d0d7de; text-align: right; }
-th:first-child, td:first-child, td.state { text-align: left; }
-.bad { color: #b42318; font-weight: 600; } .ok { color: #067647; font-weight: 600; }
-.warn { color: #9a6700; font-weight: 600; } .muted { color: #656d76; }
-"""
-
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -272,49 +262,33 @@ def _seconds(milliseconds: int | None) -> str:
     return "–" if milliseconds is None else f"{milliseconds / 1000:,.1f} s"
 
 
-COLUMNS: tuple[tuple[str, str], ...] = (
-    ("stream", "stream"), ("state", "state"), ("last batch (UTC)", "last_batch_at"),
-    ("batch", "batch_id"), ("input rows/s", "input_rows_per_second"),
-    ("processed rows/s", "processed_rows_per_second"), ("batch duration", "batch_duration_ms"),
-    ("watermark (UTC)", "watermark"), ("state rows", "state_rows"),
-    ("rows dropped by watermark", "rows_dropped_by_watermark"), ("late rows", "late_rows"))
+COLUMNS = ("stream", "state", "last batch (UTC)", "batch", "input rows/s", "processed rows/s",
+           "batch duration", "watermark (UTC)", "state rows", "rows dropped by watermark",
+           "late rows")
 
 
-def _cells(status: StreamStatus) -> list[str]:
-    if not status.windowed:
-        watermark = "<span class='muted'>not windowed</span>"
-    elif status.watermark is None:
-        watermark = "<span class='muted'>none yet</span>"
-    else:
-        watermark = _when(status.watermark)
-    return [html.escape(status.stream),
-            f"<span class='{status.level}'>{html.escape(status.state)}</span>",
-            _when(status.last_batch_at), _count(status.batch_id),
-            _rate(status.input_rows_per_second), _rate(status.processed_rows_per_second),
-            _seconds(status.batch_duration_ms), watermark, _count(status.state_rows),
-            _count(status.rows_dropped_by_watermark), _count(status.late_rows)]
+def _row(status: StreamStatus) -> dict[str, object]:
+    """One stream's cells as the page shows them (the template escapes them)."""
+    return {
+        "stream": status.stream, "level": status.level, "state": status.state,
+        "last_batch_at": _when(status.last_batch_at), "batch_id": _count(status.batch_id),
+        "input_rows_per_second": _rate(status.input_rows_per_second),
+        "processed_rows_per_second": _rate(status.processed_rows_per_second),
+        "batch_duration": _seconds(status.batch_duration_ms),
+        "watermark": _when(status.watermark) if status.windowed and status.watermark else "",
+        "no_watermark": "not windowed" if not status.windowed else "none yet",
+        "state_rows": _count(status.state_rows),
+        "rows_dropped_by_watermark": _count(status.rows_dropped_by_watermark),
+        "late_rows": _count(status.late_rows)}
 
 
 def render_stream_health(statuses: Sequence[StreamStatus], outcome: Verdict,
                          now: datetime, root: str = "") -> str:
     """The page: the verdict, then one row per stream. It refreshes itself every 30 s."""
-    reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in outcome.reasons)
-    header = "".join(f"<th>{html.escape(title)}</th>" for title, _ in COLUMNS)
-    rows = "".join("<tr>" + "".join(
-        f"<td class='state'>{cell}</td>" if index == 1 else f"<td>{cell}</td>"
-        for index, cell in enumerate(_cells(status))) + "</tr>" for status in statuses)
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        "<meta http-equiv='refresh' content='30'><title>Stream health</title>"
-        f"<style>{STYLE}</style></head><body><h1>Stream health</h1>"
-        f"<p class='muted'>root: {html.escape(root)} · as of {_when(now)} UTC</p>"
-        f"<p class='{outcome.level}' id='verdict'>{html.escape(outcome.headline)}</p>"
-        + (f"<ul>{reasons}</ul>" if reasons else "")
-        + f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
-        "<p class='muted'>falling behind: each of a stream's last "
-        f"{FALLING_BEHIND_BATCHES} batches took longer than its trigger interval. "
-        "late rows: events that arrived after the watermark had closed their window "
-        "(ops.late_data; reprocessing repairs their dates).</p></body></html>")
+    return pages.render(__file__, "stream_health.html.j2", root=root, now=_when(now),
+                        verdict=outcome, columns=COLUMNS,
+                        rows=[_row(status) for status in statuses],
+                        falling_behind_batches=FALLING_BEHIND_BATCHES)
 
 
 def stream_health_page(settings: Settings | None = None) -> str:

@@ -4,26 +4,27 @@ It answers "can the data be trusted today, what went wrong, and since when" for 
 ``quality_report_days``: the verdict per suite over time (``quality.results``), quarantine
 volume by reason (``silver.quarantine``), freshness lag per layer, hourly volume against
 its trailing baseline, late rows (``ops.late_data``), and the failing expectations with a
-link to their Data Docs page. Plots are drawn with matplotlib into inline SVG, so the page
-needs no network and no JavaScript.
+link to their Data Docs page. Plots are drawn with matplotlib into inline SVG (``plots``),
+so the page needs no network and no JavaScript.
 
-``measure`` reads the tables with Spark; ``render`` turns the measures into HTML and is pure.
+``measure`` reads the tables with Spark; ``render`` fills ``templates/report.html.j2`` with
+the measures and is pure.
 """
 
 from __future__ import annotations
 
-import html
-import io
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs import delta_reader
+from markupsafe import Markup
+
+from spark_jobs import delta_reader, pages
 from spark_jobs.config import Settings, interval_seconds
 from spark_jobs.datasets import DATA_TABLES, REFERENCE_TABLES
 from spark_jobs.gold import campaign_stats, watermark
-from spark_jobs.quality import results
+from spark_jobs.quality import plots, results
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,34 +32,7 @@ if TYPE_CHECKING:
 
     from spark_jobs.quality.validate import ValidationRun
 
-HOUR_BAR = 0.8 / 24  # an hour in matplotlib's day units, less a gap
 BASELINE_HOURS = 24  # the trailing window of the volume baseline, as in the suites
-COLORS = {"passed": "#2e7d32", "warning": "#ed8b00", "failed": "#c62828"}
-STYLE = """
-:root { color-scheme: light; }
-body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1b1f24;
-       margin: 0 auto; max-width: 1180px; padding: 1.2rem 1.5rem 3rem; }
-h1 { font-size: 1.5rem; margin: 0 0 .2rem; } h2 { font-size: 1.15rem; margin: 2rem 0 .5rem; }
-.meta { color: #57606a; margin: 0 0 1rem; }
-.verdict { padding: .7rem 1rem; border-radius: 6px; font-weight: 600; }
-.verdict.passed { background: #e8f5e9; color: #1b5e20; }
-.verdict.warning { background: #fff4e0; color: #8a4b00; }
-.verdict.failed { background: #fdecea; color: #8e1c1c; }
-table { border-collapse: collapse; width: 100%; font-size: .9rem; }
-th, td { padding: .35rem .55rem; border-bottom: 1px solid #d0d7de; text-align: left;
-         vertical-align: top; }
-th { background: #f6f8fa; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.badge { display: inline-block; padding: 0 .45rem; border-radius: 4px; color: #fff;
-         font-size: .8rem; }
-.critical { background: #c62828; } .warning { background: #ed8b00; }
-.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 1rem;
-        align-items: start; }
-figure { margin: 0; } figure svg { width: 100%; max-width: 880px; height: auto; }
-figcaption { color: #57606a; font-size: .85rem; }
-.empty { color: #57606a; font-style: italic; }
-nav a { margin-right: .9rem; }
-"""
 
 
 @dataclass
@@ -164,153 +138,6 @@ def freshness(spark: SparkSession, settings: Settings, now: datetime) -> pd.Data
 # -- rendering -----------------------------------------------------------------------------
 
 
-def _svg(figure) -> str:  # noqa: ANN001 - a matplotlib Figure
-    import matplotlib.pyplot as plt
-
-    buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", bbox_inches="tight")
-    plt.close(figure)
-    text = buffer.getvalue()
-    return text[text.index("<svg"):]
-
-
-def _figure(title: str):  # noqa: ANN202 - (Figure, Axes)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7.2, 3.0))
-    axes.set_title(title, fontsize=11, loc="left")
-    axes.spines[["top", "right"]].set_visible(False)
-    axes.grid(axis="y", color="#e5e7eb")
-    axes.set_axisbelow(True)
-    return figure, axes
-
-
-# A time axis spans at least this many days: a lone point or hour gets the two hours around
-# it, not the years matplotlib's autoscale would stretch it over.
-MIN_TIME_SPAN_DAYS = 2 / 24
-
-
-def _time_axis(axes) -> None:  # noqa: ANN001
-    import matplotlib.dates as mdates
-
-    low, high = axes.dataLim.intervalx
-    if low <= high and high - low < MIN_TIME_SPAN_DAYS:
-        middle = (low + high) / 2
-        axes.set_xlim(middle - MIN_TIME_SPAN_DAYS / 2, middle + MIN_TIME_SPAN_DAYS / 2)
-    locator = mdates.AutoDateLocator(maxticks=8)
-    axes.xaxis.set_major_locator(locator)
-    axes.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-
-
-def _chart(plot_id: str, caption: str, svg: str | None) -> str:
-    body = svg if svg is not None else "<p class='empty'>no data in this period</p>"
-    return (f"<figure class='plot' id='{plot_id}'>{body}"
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-
-
-def suite_history_chart(suite_runs: pd.DataFrame) -> str | None:
-    if suite_runs.empty:
-        return None
-    figure, axes = _figure("Suite verdict per run")
-    suites = sorted(suite_runs["suite"].unique())
-    for status, color in COLORS.items():
-        points = suite_runs[suite_runs["status"] == status]
-        axes.scatter(points["run_at"], points["suite"].map(suites.index), s=42, color=color,
-                     label=status, marker="s")
-    axes.set_yticks(range(len(suites)), suites)
-    axes.set_ylim(-0.6, len(suites) - 0.4)
-    return _finish(figure, axes)
-
-
-def quarantine_chart(quarantine: pd.DataFrame) -> str | None:
-    if quarantine.empty:
-        return None
-    figure, axes = _figure("Quarantined records per hour, by reason")
-    _stacked_bars(axes, quarantine.pivot_table(index="hour", columns="reason", values="rows",
-                                               aggfunc="sum", fill_value=0), HOUR_BAR)
-    return _finish(figure, axes)
-
-
-def freshness_chart(fresh: pd.DataFrame) -> str | None:
-    known = fresh.dropna(subset=["lag_minutes"])
-    if known.empty:
-        return None
-    figure, axes = _figure("Freshness lag per layer (minutes)")
-    bars = axes.barh(known["layer"], known["lag_minutes"], color="#1f77b4")
-    axes.bar_label(bars, labels=[f"{v:,.1f}" for v in known["lag_minutes"]], padding=3,
-                   fontsize=9)
-    axes.invert_yaxis()
-    axes.grid(axis="x", color="#e5e7eb")
-    return _svg(figure)
-
-
-def volume_chart(volume: pd.DataFrame) -> str | None:
-    if volume.empty:
-        return None
-    figure, axes = _figure("Records per hour against the trailing 24-hour baseline")
-    for layer, color in (("bronze", "#6d4c41"), ("silver", "#1f77b4")):
-        rows = volume[volume["layer"] == layer]
-        axes.plot(rows["hour"], rows["rows"], marker="o", markersize=3, color=color,
-                  label=f"{layer} records")
-        axes.plot(rows["hour"], rows["baseline"], linestyle="--", color=color, alpha=0.6,
-                  label=f"{layer} baseline")
-    return _finish(figure, axes)
-
-
-def late_chart(late: pd.DataFrame) -> str | None:
-    if late.empty:
-        return None
-    figure, axes = _figure("Late rows per event date (not included by streaming)")
-    table = late.assign(state=late["repaired"].map({True: "repaired", False: "unrepaired"}))
-    _stacked_bars(axes, table.pivot_table(index="event_date", columns="state",
-                                          values="late_rows", aggfunc="sum", fill_value=0),
-                  0.8, {"repaired": "#9e9e9e", "unrepaired": "#c62828"})
-    return _finish(figure, axes)
-
-
-def _stacked_bars(axes, table: pd.DataFrame, width: float,  # noqa: ANN001
-                  colors: dict[str, str] | None = None) -> None:
-    """One bar per index value, one stacked segment per column."""
-    bottom = None
-    for column in table.columns:
-        axes.bar(table.index, table[column], width=width, bottom=bottom, label=column,
-                 color=(colors or {}).get(column))
-        bottom = table[column] if bottom is None else bottom + table[column]
-
-
-def _finish(figure, axes) -> str:  # noqa: ANN001
-    """Legend beside the plot, readable time ticks, and the figure as SVG."""
-    axes.legend(loc="upper left", bbox_to_anchor=(1, 1), frameon=False, fontsize=8)
-    _time_axis(axes)
-    return _svg(figure)
-
-
-def _cell(value: object, numeric: bool = False) -> str:
-    text = "–" if value is None or value != value else html.escape(str(value))
-    return f"<td class='num'>{text}</td>" if numeric else f"<td>{text}</td>"
-
-
-def _failures_table(failures: pd.DataFrame) -> str:
-    if failures.empty:
-        return "<p class='empty'>Every expectation of the latest run passed.</p>"
-    rows = []
-    for f in failures.itertuples():
-        link = (f"<a href='{html.escape(f.details)}'>details</a>" if f.details else "–")
-        what = (f"could not be evaluated: {f.error[:300]}" if f.error
-                else (f.observed or "")[:300])
-        unexpected = None if f.unexpected_count != f.unexpected_count else f.unexpected_count
-        rows.append(f"<tr class='failure'><td><span class='badge {f.severity}'>{f.severity}"
-                    f"</span></td>{_cell(f.suite)}{_cell(f.description)}"
-                    f"{_cell(unexpected, True)}"
-                    f"<td><code>{html.escape(what)}</code></td><td>{link}</td></tr>")
-    return ("<table><tr><th>severity</th><th>suite</th><th>expectation</th>"
-            "<th>unexpected</th><th>observed</th><th>Data Docs</th></tr>"
-            + "".join(rows) + "</table>")
-
-
 def _rounded(value: float | None) -> float | None:
     return None if value is None or value != value else round(value, 1)
 
@@ -331,53 +158,29 @@ def _verdict(measures: Measures, run: ValidationRun | None) -> tuple[str, str]:
 def render(measures: Measures, run: ValidationRun | None = None) -> str:
     """The report page; pure (no I/O), so it can be tested on hand-made measures."""
     status, headline = _verdict(measures, run)
-    suites = "".join(
-        f"<tr><td>{html.escape(v.table)}</td><td>{html.escape(v.grain)}</td>"
-        f"<td class='num'>{len(v.results)}</td>"
-        f"<td class='num'>{len(v.failed('critical'))}</td>"
-        f"<td class='num'>{len(v.failed('warning'))}</td></tr>"
-        for v in (run.verdicts if run else []))
+    suites = [{"table": v.table, "grain": v.grain, "expectations": len(v.results),
+               "critical": len(v.failed("critical")), "warnings": len(v.failed("warning"))}
+              for v in (run.verdicts if run else [])]
+    failures = [{"severity": f.severity, "suite": f.suite, "description": f.description,
+                 "unexpected": (None if f.unexpected_count != f.unexpected_count
+                                else int(f.unexpected_count)), "details": f.details,
+                 "observed": (f"could not be evaluated: {f.error[:300]}" if f.error
+                              else (f.observed or "")[:300])}
+                for f in measures.failures.itertuples()]
+    freshness_rows = [{"layer": r.layer, "lag_minutes": _rounded(r.lag_minutes),
+                       "meaning": r.meaning} for r in measures.freshness.itertuples()]
+    # matplotlib's own SVG, the one markup the page takes as it is.
+    svg = {name: None if drawn is None else Markup(drawn) for name, drawn in (
+        ("suites", plots.suite_history_chart(measures.suite_runs)),
+        ("quarantine", plots.quarantine_chart(measures.quarantine)),
+        ("freshness", plots.freshness_chart(measures.freshness)),
+        ("volume", plots.volume_chart(measures.volume)),
+        ("late", plots.late_chart(measures.late)))}
     scope = ("whole tables" if run is None or run.first is None
              else f"event dates {run.first} to {run.last}")
-    fresh_rows = "".join(
-        f"<tr><td>{html.escape(r.layer)}</td>{_cell(_rounded(r.lag_minutes), True)}"
-        f"<td>{html.escape(r.meaning)}</td></tr>" for r in measures.freshness.itertuples())
-    sections = [
-        ("suites", "Suites over time",
-         "<table><tr><th>suite</th><th>grain</th><th>expectations</th><th>critical failed</th>"
-         f"<th>warnings</th></tr>{suites}</table>"
-         + _chart("plot-suites", "Each square is one validation run of a suite.",
-                  suite_history_chart(measures.suite_runs))),
-        ("failures", "Failing expectations (latest run)", _failures_table(measures.failures)),
-        ("quarantine", "Quarantine", _chart(
-            "plot-quarantine", "Rejected records by reason code, per ingestion hour.",
-            quarantine_chart(measures.quarantine))),
-        ("freshness", "Freshness", "<div class='grid'>" + _chart(
-            "plot-freshness", "Minutes each layer trails the one before it.",
-            freshness_chart(measures.freshness))
-         + f"<table><tr><th>layer</th><th>lag (min)</th><th>measured as</th></tr>{fresh_rows}"
-           "</table></div>"),
-        ("volume", "Volume", _chart(
-            "plot-volume", "Records per ingestion hour; dashed: the mean of the previous 24 "
-            "non-empty hours.", volume_chart(measures.volume))),
-        ("late", "Late data", _chart(
-            "plot-late", "Events later than the watermark, per event date: reprocessing "
-            "(lakehouse reprocess --late) repairs them.", late_chart(measures.late))),
-    ]
-    nav = "".join(f"<a href='#{key}'>{html.escape(title)}</a>" for key, title, _ in sections)
-    body = "".join(f"<section id='{key}'><h2>{html.escape(title)}</h2>{content}</section>"
-                   for key, title, content in sections)
-    return (
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-        f"<title>Data quality – {measures.generated_at:%Y-%m-%d %H:%M} UTC</title>"
-        f"<style>{STYLE}</style></head><body>"
-        "<h1>Lakehouse data quality</h1>"
-        f"<p class='meta'>Generated {measures.generated_at:%Y-%m-%d %H:%M:%S} UTC; validated "
-        f"{scope}; history of the last {measures.days} days. "
-        "<a href='data_docs/index.html'>Great Expectations Data Docs</a></p>"
-        f"<p class='verdict {status}' id='verdict'>{html.escape(headline)}</p>"
-        f"<nav>{nav}</nav>{body}</body></html>")
+    return pages.render(__file__, "report.html.j2", generated_at=measures.generated_at,
+                        days=measures.days, scope=scope, status=status, headline=headline,
+                        suites=suites, failures=failures, freshness=freshness_rows, plots=svg)
 
 
 def write(settings: Settings, page: str, generated_at: datetime) -> Path:
