@@ -23,24 +23,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from pyspark.sql.types import (
-    BooleanType,
-    DoubleType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
-
-from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings, interval_seconds, parse_choices
 from spark_jobs.datasets import DATA_TABLES
 from spark_jobs.delta_writes import fully_read_before, retry_on_conflict
-from spark_jobs.gold import ad_attribution, campaign_stats
-from spark_jobs.ops import stream_progress
-from spark_jobs.silver import ad_events as silver
-from spark_jobs.silver import quarantine
+from spark_jobs.ops import maintenance_history, stream_progress
 from spark_jobs.tables import TableSpec, ensure_table, local_rows
 
 if TYPE_CHECKING:
@@ -51,29 +37,8 @@ class MaintenanceError(ValueError):
     """A request refused as unsafe or unknown; the message is meant for the user."""
 
 
-# Table -> the columns its selective queries filter on (besides its date partition).
-ZORDER_BY: dict[str, tuple[str, ...]] = {
-    bronze.TABLE.name: (),  # raw records: read whole, by ingestion date
-    silver.TABLE.name: ("ad_id",),  # partitioned by event_date; "one ad over a week"
-    quarantine.TABLE.name: (),
-    campaign_stats.TABLE.name: ("campaign_id", "window_start"),  # "one campaign, one day"
-    ad_attribution.TABLE.name: ("ad_id", "click_time"),
-}
+# What maintenance compacts (each table's layout is its ``zorder_by``) and vacuums.
 TABLES = DATA_TABLES
-
-HISTORY_SCHEMA = StructType([
-    StructField("run_at", TimestampType(), False),
-    StructField("table_name", StringType(), False),
-    StructField("operation", StringType(), False),  # optimize | vacuum
-    StructField("dry_run", BooleanType(), False),
-    StructField("duration_seconds", DoubleType(), False),
-    StructField("files_before", LongType(), False),
-    StructField("files_after", LongType(), False),
-    StructField("bytes_before", LongType(), False),
-    StructField("bytes_after", LongType(), False),
-    StructField("detail", StringType()),
-])
-HISTORY = TableSpec("ops.maintenance_history", HISTORY_SCHEMA)
 
 
 @dataclass
@@ -94,7 +59,7 @@ class Outcome:
                 self.detail)
 
     def as_json(self) -> dict[str, object]:
-        return dict(zip(HISTORY_SCHEMA.fieldNames()[1:], self.row(datetime.now())[1:],
+        return dict(zip(maintenance_history.SCHEMA.fieldNames()[1:], self.row(datetime.now())[1:],
                         strict=True))
 
 
@@ -115,7 +80,7 @@ def optimize(spark: SparkSession, settings: Settings, name: str, dry_run: bool) 
     spec = TABLES[name]
     path = spec.path(settings)
     files, size = _size(spark, path)
-    columns = ZORDER_BY[name]
+    columns = TABLES[name].zorder_by
     detail = f"zorder by {', '.join(columns)}" if columns else "bin-packing"
     started = time.monotonic()
     if not dry_run:
@@ -226,10 +191,10 @@ def maintain(spark: SparkSession, settings: Settings, tables: list[str], *, run_
             assert retention is not None
             outcomes.append(vacuum(spark, settings, name, retention, dry_run))
     if outcomes:
-        ensure_table(spark, settings, HISTORY)
+        ensure_table(spark, settings, maintenance_history.TABLE)
         run_at = datetime.now(UTC).replace(tzinfo=None)
-        (local_rows(spark, [o.row(run_at) for o in outcomes], HISTORY_SCHEMA)
-            .write.format("delta").mode("append").save(HISTORY.path(settings)))
+        (local_rows(spark, [o.row(run_at) for o in outcomes], maintenance_history.SCHEMA)
+            .write.format("delta").mode("append").save(maintenance_history.TABLE.path(settings)))
     return outcomes
 
 

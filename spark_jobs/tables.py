@@ -36,7 +36,12 @@ CREATING = frozenset({"DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "DELTA_TABLE
 class TableSpec:
     name: str  # "layer.table", as SQL users query it
     schema: StructType
+    # One sentence: what one row is. The README's table of tables and the report's suite
+    # table show it; tests/test_registry.py keeps the README in step.
+    grain: str
     partitioned_by: tuple[str, ...] = ()
+    # The nightly OPTIMIZE's layout: Z-order by these columns, or plain bin-packing.
+    zorder_by: tuple[str, ...] = ()
     properties: dict[str, str] = field(default_factory=dict)
     # Columns Delta keeps min/max statistics for (file skipping, Z-order). Delta's default is
     # the first 32 columns, which includes the raw text: collecting its statistics cost

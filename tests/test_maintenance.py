@@ -14,12 +14,12 @@ import pytest
 from spark_jobs import delta_reader
 from spark_jobs.audit import account
 from spark_jobs.maintenance import (
-    HISTORY,
     TABLES,
     MaintenanceError,
     maintain,
     minimum_retention,
 )
+from spark_jobs.ops import maintenance_history
 from tests.conftest import make_settings
 from tests.processes import generate, run_lakehouse, start_stream, wait_for
 
@@ -68,7 +68,7 @@ def test_optimize_and_vacuum_beside_the_live_streams(spark, tmp_path) -> None:
 
     audit = account(spark, settings, settings.expected_counts_file)
     assert audit.identity_holds and audit.matches_expected, audit.as_json()
-    history = spark.read.format("delta").load(HISTORY.path(settings))
+    history = spark.read.format("delta").load(maintenance_history.TABLE.path(settings))
     assert history.where("operation = 'optimize'").count() == len(TABLES)
     assert history.where("operation = 'vacuum'").count() == len(TABLES)
 

@@ -43,7 +43,11 @@ SCHEMA = StructType([
     StructField("ingest_date", DateType(), False),
 ])
 
-TABLE = TableSpec("bronze.ad_events", SCHEMA, partitioned_by=("ingest_date",),
+# Not Z-ordered: raw records are read whole, by ingestion date.
+TABLE = TableSpec("bronze.ad_events", SCHEMA,
+                  "one row per record received (non-blank line, or Kafka message), raw text "
+                  "untouched, partitioned by ingest_date",
+                  partitioned_by=("ingest_date",),
                   stats_columns=("ingested_at",))
 
 # The observed metric holding a micro-batch's record count (``ops.stream_progress``).

@@ -54,7 +54,10 @@ SCHEMA = StructType([
     StructField("seconds_from_view", DoubleType(), False),
 ])
 
-TABLE = TableSpec("gold.ad_attribution", SCHEMA)
+TABLE = TableSpec("gold.ad_attribution", SCHEMA,
+                  "one row per click matched to the latest view of the same user and ad at "
+                  "most attribution_max_gap (1 hour by default) before it",
+                  zorder_by=("ad_id", "click_time"))
 
 
 def clicks(events: DataFrame) -> DataFrame:

@@ -31,7 +31,9 @@ SCHEMA = StructType([
     StructField("rebuilt_at", TimestampType(), False),
 ])
 
-TABLE = TableSpec("ops.gold_rebuilds", SCHEMA)
+TABLE = TableSpec("ops.gold_rebuilds", SCHEMA,
+                  "one row per event date and silver version a reprocess rebuilt "
+                  "gold.campaign_stats from")
 
 
 def record(spark: SparkSession, settings: Settings, days: list[date], silver_version: int

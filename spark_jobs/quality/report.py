@@ -22,9 +22,9 @@ from markupsafe import Markup
 
 from spark_jobs import delta_reader, pages
 from spark_jobs.config import Settings, interval_seconds
-from spark_jobs.datasets import DATA_TABLES, REFERENCE_TABLES
+from spark_jobs.datasets import TABLES
 from spark_jobs.gold import campaign_stats, watermark
-from spark_jobs.quality import plots, results
+from spark_jobs.quality import plots
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -59,8 +59,7 @@ def measure(spark: SparkSession, settings: Settings, run: ValidationRun | None =
     since = now - timedelta(days=settings.quality_report_days)
 
     def table(name: str):  # noqa: ANN202 - a DataFrame
-        spec = {**DATA_TABLES, **REFERENCE_TABLES, results.TABLE.name: results.TABLE}[name]
-        return spark.read.format("delta").load(spec.path(settings))
+        return spark.read.format("delta").load(TABLES[name].path(settings))
 
     history = table("quality.results").where(F.col("run_at") >= F.lit(since))
     suite_runs = (history.groupBy("run_at", "suite").agg(
@@ -110,7 +109,7 @@ def freshness(spark: SparkSession, settings: Settings, now: datetime) -> pd.Data
         return spark.sql(sql).first()[0]
 
     def path(name: str) -> str:
-        return f"delta.`{({**DATA_TABLES, **REFERENCE_TABLES})[name].path(settings)}`"
+        return f"delta.`{TABLES[name].path(settings)}`"
 
     bronze = newest(f"SELECT max(ingested_at) FROM {path('bronze.ad_events')}")
     silver = newest(f"SELECT max(ingested_at) FROM (SELECT ingested_at FROM "

@@ -39,7 +39,9 @@ SCHEMA = StructType([
     StructField("details", StringType()),  # Data Docs page, relative to <root>/reports
 ])
 
-TABLE = TableSpec("quality.results", SCHEMA)
+TABLE = TableSpec("quality.results", SCHEMA,
+                  "one row per expectation evaluated in a validation run: suite, severity, "
+                  "outcome, unexpected count, observed sample, dates, Data Docs page")
 
 
 @dataclass(frozen=True)

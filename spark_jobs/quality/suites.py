@@ -1,8 +1,10 @@
 """The expectation suites of ``expectations/``: one Great Expectations suite per table.
 
-Each file is a suite as Great Expectations serialises it, plus three entries in its
-``meta``: the table's ``grain`` (one sentence), the ``table`` it validates and the
-``date_column`` (a SQL expression) that selects a date range of it. Every expectation
+Each file is a suite as Great Expectations serialises it, plus two entries in its
+``meta``: the ``table`` it validates and the ``date_column`` (a SQL expression) that
+selects a date range of it. The table's grain comes from the registry
+(``spark_jobs.datasets``), where the table declares it, and is added to the loaded suite's
+``meta`` for Data Docs. Every expectation
 carries a ``severity``: ``critical`` fails the run, ``warning`` is reported only. An
 expectation whose ``meta.scope`` is ``table`` judges the whole table (freshness) and is
 left out when a date range is validated.
@@ -70,6 +72,12 @@ def load(settings: Settings, table: str, first: date | None = None, last: date |
     if ranged:
         document["expectations"] = [e for e in document["expectations"]
                                     if e.get("meta", {}).get("scope") != "table"]
-    meta = document.get("meta", {})
+    from spark_jobs.datasets import TABLES
+
+    if table not in TABLES:
+        raise ConfigError(f"{path} is a suite for {table}, which is not a table of the "
+                          f"lakehouse ({', '.join(TABLES)})")
+    meta = document.setdefault("meta", {})
+    meta["grain"] = TABLES[table].grain
     return Suite(table=table, grain=meta["grain"], date_column=meta["date_column"],
                  document=document)

@@ -40,7 +40,9 @@ SCHEMA = StructType([
     StructField("ingested_at", TimestampType(), False),
 ])
 
-TABLE = TableSpec("silver.ad_campaigns", SCHEMA)
+TABLE = TableSpec("silver.ad_campaigns", SCHEMA,
+                  "one row per mapping version: ad_id, campaign_id, valid_from, valid_to "
+                  "(NULL while current)")
 
 
 def parse_mappings(lines: DataFrame) -> DataFrame:

@@ -28,7 +28,10 @@ SCHEMA = StructType([
     StructField("quarantined_at", TimestampType(), False),
 ])
 
-TABLE = TableSpec("silver.quarantine", SCHEMA, partitioned_by=("ingest_date",),
+TABLE = TableSpec("silver.quarantine", SCHEMA,
+                  "one row per rejected record: raw text as in bronze, reason, detail, bronze "
+                  "metadata",
+                  partitioned_by=("ingest_date",),
                   stats_columns=("reason", "ingested_at"))
 
 
