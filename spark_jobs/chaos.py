@@ -434,9 +434,9 @@ def prove_reprocessed_gold(spark: SparkSession, settings: Settings, events: Data
     recomputation row for row (a wrong row is one missing and one extra)."""
     from pyspark.sql import functions as F
 
+    from spark_jobs.dates import DateRange
     from spark_jobs.gold import ad_attribution, campaign_stats
     from spark_jobs.gold import writer as gold_writer
-    from spark_jobs.reprocess import DateRange
     from spark_jobs.silver import ad_campaigns
 
     bounds = events.agg(F.min("event_date").alias("first"),

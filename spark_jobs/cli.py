@@ -111,23 +111,21 @@ def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs import streaming
     from spark_jobs.ops.leases import LeaseHeld
-    from spark_jobs.session import build_spark
+    from spark_jobs.session import spark_session
 
     layers = streaming.parse_layers(args.layers)
     trigger = args.trigger or settings.trigger_interval
     config.interval_seconds(trigger)  # a bad --trigger fails before Spark starts
     stop = streaming.stop_on_signals()
-    spark = build_spark(settings, app_name=f"lakehouse-stream-{'-'.join(layers)}")
-    try:
-        if args.available_now:
-            streaming.run_available_now(spark, settings, layers)
-        else:
-            streaming.run_continuously(spark, settings, layers, trigger, stop)
-    except (streaming.StreamFailed, LeaseHeld) as error:
-        print(f"lakehouse stream: {error}", file=sys.stderr)
-        return 1
-    finally:
-        spark.stop()
+    with spark_session(settings, f"lakehouse-stream-{'-'.join(layers)}") as spark:
+        try:
+            if args.available_now:
+                streaming.run_available_now(spark, settings, layers)
+            else:
+                streaming.run_continuously(spark, settings, layers, trigger, stop)
+        except (streaming.StreamFailed, LeaseHeld) as error:
+            print(f"lakehouse stream: {error}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -176,7 +174,7 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs.audit import account, render
-    from spark_jobs.session import build_spark
+    from spark_jobs.session import spark_session
 
     expected_file = None
     if args.expected is not None:
@@ -186,11 +184,8 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
                              "name a file inside it")
         if not expected_file.exists():
             raise UsageError(f"no expected counts at {expected_file}: run lakehouse generate")
-    spark = build_spark(settings, app_name="lakehouse-audit")
-    try:
+    with spark_session(settings, "lakehouse-audit") as spark:
         accounting = account(spark, settings, expected_file)
-    finally:
-        spark.stop()
     print(json.dumps(accounting.as_json(), indent=2, default=str) if args.json
           else render(accounting))
     return 0 if accounting.identity_holds and accounting.matches_expected else 1
@@ -216,6 +211,7 @@ def cmd_chaos(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
     from spark_jobs import checkpoints, reasons, reprocess
+    from spark_jobs.dates import DateRange, DateRangeError
     from spark_jobs.gold import writer as gold_writer
     from spark_jobs.session import build_spark
     from spark_jobs.silver.validation import Rules
@@ -234,8 +230,8 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
                          f"{', '.join(reasons.PRECEDENCE)}")
     try:
         layers = reprocess.parse_layers(args.layers)
-        days = reprocess.DateRange.parse(args.first, args.last) if ranged else None
-    except reprocess.ReprocessError as error:
+        days = DateRange.parse(args.first, args.last) if ranged else None
+    except (reprocess.ReprocessError, DateRangeError) as error:
         raise UsageError(str(error)) from None
     # A layer under reset is emptied and replayed: a rebuild beside it would place records
     # the replay places too.
@@ -265,7 +261,7 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
             changes += replay
             recovered_dates = sorted(replay[0].rows_after)
             if "gold" in layers and recovered_dates and not args.dry_run:
-                changes += gold_writer.rebuild(spark, settings, reprocess.DateRange(
+                changes += gold_writer.rebuild(spark, settings, DateRange(
                     date.fromisoformat(recovered_dates[0]),
                     date.fromisoformat(recovered_dates[-1])), False)
         if args.late:  # after the range: a date it rebuilt in gold is repaired already
@@ -275,7 +271,7 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
             if not late_dates:
                 print("the late-data ledger has no other unrepaired dates", file=sys.stderr)
             for day in late_dates:
-                changes += gold_writer.rebuild(spark, settings, reprocess.DateRange(day, day),
+                changes += gold_writer.rebuild(spark, settings, DateRange(day, day),
                                                args.dry_run)
     finally:
         for session in started:
@@ -292,21 +288,19 @@ def cmd_maintain(settings: Settings, args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from spark_jobs import maintenance
-    from spark_jobs.session import build_spark
+    from spark_jobs.session import spark_session
 
     tables = maintenance.parse_tables(args.tables)
     retention = (timedelta(seconds=config.interval_seconds(args.retention))
                  if args.retention else None)
     both = not args.optimize and not args.vacuum
-    spark = build_spark(settings, app_name="lakehouse-maintain")
-    try:
-        outcomes = maintenance.maintain(
-            spark, settings, tables, run_optimize=args.optimize or both,
-            run_vacuum=args.vacuum or both, retention=retention, dry_run=args.dry_run)
-    except maintenance.MaintenanceError as error:
-        raise UsageError(str(error)) from None
-    finally:
-        spark.stop()
+    with spark_session(settings, "lakehouse-maintain") as spark:
+        try:
+            outcomes = maintenance.maintain(
+                spark, settings, tables, run_optimize=args.optimize or both,
+                run_vacuum=args.vacuum or both, retention=retention, dry_run=args.dry_run)
+        except maintenance.MaintenanceError as error:
+            raise UsageError(str(error)) from None
     print(json.dumps([o.as_json() for o in outcomes], indent=2, default=str) if args.json
           else maintenance.render(outcomes))
     return 0
@@ -318,17 +312,15 @@ def cmd_reset(settings: Settings, args: argparse.Namespace) -> int:
 
     from spark_jobs import reset, streaming
     from spark_jobs.ops.leases import LeaseHeld
-    from spark_jobs.session import build_spark
+    from spark_jobs.session import spark_session
 
     reset.layers_reset_by(args.layer)  # a layer it cannot reset fails before Spark starts
-    spark = build_spark(settings, app_name=f"lakehouse-reset-{args.layer}")
-    try:
-        outcome = reset.reset(spark, settings, args.layer)
-    except (LeaseHeld, streaming.StreamFailed) as error:
-        print(f"lakehouse reset: {error}", file=sys.stderr)
-        return 1
-    finally:
-        spark.stop()
+    with spark_session(settings, f"lakehouse-reset-{args.layer}") as spark:
+        try:
+            outcome = reset.reset(spark, settings, args.layer)
+        except (LeaseHeld, streaming.StreamFailed) as error:
+            print(f"lakehouse reset: {error}", file=sys.stderr)
+            return 1
     if args.json:
         print(json.dumps(asdict(outcome), indent=2))
     else:
@@ -341,28 +333,25 @@ def cmd_reset(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_validate(settings: Settings, args: argparse.Namespace) -> int:
-    from spark_jobs import reprocess
+    from spark_jobs.dates import DateRange, DateRangeError
     from spark_jobs.quality import report, suites, validate
-    from spark_jobs.session import build_spark
+    from spark_jobs.session import spark_session
 
     tables = parse_choices(args.tables, suites.available(settings), "table(s)")
     if (args.first is None) != (args.last is None):
         raise UsageError("--from and --to go together")
     try:
-        days = (reprocess.DateRange.parse(args.first, args.last)
+        days = (DateRange.parse(args.first, args.last)
                 if args.first is not None else None)
-    except reprocess.ReprocessError as error:
+    except DateRangeError as error:
         raise UsageError(str(error)) from None
-    spark = build_spark(settings, app_name="lakehouse-validate")
-    try:
+    with spark_session(settings, "lakehouse-validate") as spark:
         run = validate.validate(spark, settings, tables, days and days.first,
                                 days and days.last)
         page = None
         if not args.no_report:
             measures = report.measure(spark, settings, run)
             page = report.write(settings, report.render(measures, run), measures.generated_at)
-    finally:
-        spark.stop()
     for verdict in run.verdicts:
         print(verdict.summary())
     if page is not None:
@@ -384,22 +373,20 @@ def cmd_sql(settings: Settings, args: argparse.Namespace) -> int:
 
     from pyspark.sql import Row
 
-    from spark_jobs.session import build_spark
+    from spark_jobs.session import spark_session
     from spark_jobs.tables import register_existing
 
-    spark = build_spark(settings, app_name="lakehouse-sql")
-    try:
-        register_existing(spark, settings)
-        result = spark.sql(args.query)
-        columns = result.columns
-        # One row beyond the limit says whether the limit cut any, without counting them.
-        rows = result.collect() if args.limit == 0 else result.take(args.limit + 1)
-    except Exception as error:  # an analysis error is the user's query, not a crash
-        if type(error).__name__ in ("AnalysisException", "ParseException"):
-            raise UsageError(str(error).splitlines()[0]) from None
-        raise
-    finally:
-        spark.stop()
+    with spark_session(settings, "lakehouse-sql") as spark:
+        try:
+            register_existing(spark, settings)
+            result = spark.sql(args.query)
+            columns = result.columns
+            # One row beyond the limit says whether the limit cut any, without counting.
+            rows = result.collect() if args.limit == 0 else result.take(args.limit + 1)
+        except Exception as error:  # an analysis error is the user's query, not a crash
+            if type(error).__name__ in ("AnalysisException", "ParseException"):
+                raise UsageError(str(error).splitlines()[0]) from None
+            raise
     cut = 0 < args.limit < len(rows)
     rows = rows[:args.limit] if cut else rows
 

@@ -37,10 +37,11 @@ from pyspark.sql import functions as F
 from spark_jobs import streaming
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
+from spark_jobs.dates import DateRange
 from spark_jobs.gold import campaign_stats
 from spark_jobs.gold import writer as gold_writer
 from spark_jobs.ops import stream_progress
-from spark_jobs.reprocess import DateRange, earliest_ingestion, rebuild_silver
+from spark_jobs.reprocess import earliest_ingestion, rebuild_silver
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver.validation import Rules

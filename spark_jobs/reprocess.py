@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from spark_jobs import delta_reader
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings, interval_seconds, parse_choices
+from spark_jobs.dates import DateRange
 from spark_jobs.delta_writes import fully_read_before, retry_on_conflict
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import gold_rebuilds, late_data
@@ -45,47 +46,6 @@ LAYERS = ("silver", "gold")
 
 class ReprocessError(ValueError):
     """A request that cannot be carried out; the message is meant for the user."""
-
-
-@dataclass(frozen=True)
-class DateRange:
-    """Event dates ``first`` to ``last``, both included (UTC)."""
-
-    first: date
-    last: date
-
-    @classmethod
-    def parse(cls, first: str, last: str) -> DateRange:
-        def day(text: str, flag: str) -> date:
-            try:
-                return date.fromisoformat(text)
-            except ValueError:
-                raise ReprocessError(f"{flag} {text!r} is not a date (YYYY-MM-DD)") from None
-
-        days = cls(day(first, "--from"), day(last, "--to"))
-        if days.first > days.last:
-            raise ReprocessError(f"--from {days.first} is after --to {days.last}")
-        return days
-
-    @property
-    def days(self) -> list[date]:
-        return [self.first + timedelta(days=n) for n in range((self.last - self.first).days + 1)]
-
-    def holds(self, column: str) -> Column:
-        return F.col(column).between(F.lit(self.first), F.lit(self.last))
-
-    def date_predicate(self, column: str) -> str:
-        """The range as SQL over a date column. Not BETWEEN: Spark 4.2 rewrites it into a
-        ``With`` expression that Delta's replaceWhere check fails to resolve."""
-        return f"{column} >= DATE'{self.first}' AND {column} <= DATE'{self.last}'"
-
-    def predicate(self, column: str) -> str:
-        """The range as SQL over a date column, or a timestamp column's date."""
-        return (f"{column} >= TIMESTAMP'{self.first} 00:00:00' AND "
-                f"{column} < TIMESTAMP'{self.last + timedelta(days=1)} 00:00:00'")
-
-    def __str__(self) -> str:
-        return f"{self.first}..{self.last}"
 
 
 @dataclass

@@ -73,7 +73,8 @@ def layers_reset_by(layer: str) -> tuple[str, ...]:
 def reset(spark: SparkSession, settings: Settings, layer: str) -> ResetOutcome:
     """Rebuild ``layer`` (and the layers that read it) from its sources, under the settings
     now configured. Raises ``LeaseHeld`` while a driver streams any of them."""
-    from spark_jobs.reprocess import DateRange, rebuild_gold
+    from spark_jobs.dates import DateRange
+    from spark_jobs.reprocess import rebuild_gold
 
     layers = layers_reset_by(layer)
     started = datetime.now(UTC)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from spark_jobs import class_archive
@@ -72,6 +74,17 @@ def _driver_address(settings: Settings) -> dict[str, str]:
     host = settings.spark_driver_host or (
         LOOPBACK if settings.spark_master.startswith("local") else "")
     return {"spark.driver.host": host, "spark.driver.bindAddress": host} if host else {}
+
+
+@contextmanager
+def spark_session(settings: Settings, app_name: str = "lakehouse") -> Iterator[SparkSession]:
+    """A session for one command: built as ``build_spark`` builds it, and stopped however
+    the command ends."""
+    spark = build_spark(settings, app_name)
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 def build_spark(settings: Settings, app_name: str = "lakehouse",

@@ -12,10 +12,10 @@ import pytest
 from pyspark.sql import functions as F
 
 from spark_jobs import streaming
+from spark_jobs.dates import DateRange
 from spark_jobs.gold import campaign_stats, writer
 from spark_jobs.ops import gold_rebuilds
 from spark_jobs.ops.leases import REPROCESS, LeaseHeld, leases
-from spark_jobs.reprocess import DateRange
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
 from tests.conftest import make_settings

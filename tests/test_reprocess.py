@@ -14,12 +14,11 @@ from pyspark.sql import functions as F
 from spark_jobs import reasons, streaming
 from spark_jobs.audit import account
 from spark_jobs.bronze import ad_events as bronze
+from spark_jobs.dates import DateRange, DateRangeError
 from spark_jobs.generator import write_atomically
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import gold_rebuilds, late_data
 from spark_jobs.reprocess import (
-    DateRange,
-    ReprocessError,
     rebuild_gold,
     rebuild_silver,
     replay_quarantine,
@@ -262,9 +261,9 @@ def test_a_row_silver_holds_from_before_the_tolerance_is_judged_again(spark, tmp
 
 def test_date_ranges_are_checked() -> None:
     assert DateRange.parse("2026-11-20", "2026-11-20").days == [DAY_1]
-    with pytest.raises(ReprocessError, match="after"):
+    with pytest.raises(DateRangeError, match="after"):
         DateRange.parse("2026-11-21", "2026-11-20")
-    with pytest.raises(ReprocessError, match="not a date"):
+    with pytest.raises(DateRangeError, match="not a date"):
         DateRange.parse("2026-13-01", "2026-11-20")
 
 

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
     from pyspark.sql import SparkSession
 
-    from spark_jobs.reprocess import Change, DateRange
+    from spark_jobs.dates import DateRange
+    from spark_jobs.reprocess import Change
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,8 @@ def serve_requests(spark: SparkSession, settings: Settings,
 
 
 def _run_request(spark: SparkSession, settings: Settings, claimed: Path) -> dict[str, object]:
-    from spark_jobs.reprocess import DateRange, rebuild_gold
+    from spark_jobs.dates import DateRange
+    from spark_jobs.reprocess import rebuild_gold
 
     asked = json.loads(claimed.read_text("utf-8"))
     days = DateRange.parse(asked["from"], asked["to"])
