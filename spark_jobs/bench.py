@@ -27,7 +27,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs import config, feed_bench, growth_bench, pipeline_bench, startup_bench
+from spark_jobs import config, feed_bench, growth_bench, pipeline_bench, progress, startup_bench
 from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import campaign_stats
 from spark_jobs.maintenance import optimize
@@ -197,23 +197,30 @@ def main() -> None:
     results: dict[str, object] = {
         "machine": machine(), "at": datetime.now(UTC).isoformat(timespec="seconds")}
     try:
-        if "pipeline" in parts:
-            records = corpus(root / "corpus", args.events)
-            results["pipeline"] = pipeline_bench.run(spark, settings, root / "corpus",
-                                                     records, args.repetitions)
-        if "feed" in parts:
-            # The project's own settings (trigger, files per trigger), as make run has them.
-            results["feed"] = feed_bench.run(
-                spark, config.load({"root": root / "feed"}), root / "feed-pool",
-                args.feed_rate or _feed_start_rate(results))
-        if "growth" in parts:
-            results["growth"] = growth_bench.run(spark, config.load({"root": root / "growth"}),
-                                                 args.growth_rows, args.repetitions)
-        if "maintenance" in parts:
-            results["maintenance"] = run(spark, root / "maintenance")
-        if "startup" in parts:
-            results["startup"] = startup_bench.run(settings, root / "startup",
-                                                   args.repetitions)
+        with progress.steps(progress.wanted()) as steps:
+            if "pipeline" in parts:
+                steps.start(f"pipeline: {args.events:,} events, {args.repetitions} repetitions")
+                records = corpus(root / "corpus", args.events)
+                results["pipeline"] = pipeline_bench.run(spark, settings, root / "corpus",
+                                                         records, args.repetitions)
+            if "feed" in parts:
+                steps.start("feed: sustained rate and latency")
+                # The project's own settings (trigger, files per trigger), as make run has.
+                results["feed"] = feed_bench.run(
+                    spark, config.load({"root": root / "feed"}), root / "feed-pool",
+                    args.feed_rate or _feed_start_rate(results))
+            if "growth" in parts:
+                steps.start(f"growth: a silver batch beside {args.growth_rows:,} rows")
+                results["growth"] = growth_bench.run(
+                    spark, config.load({"root": root / "growth"}), args.growth_rows,
+                    args.repetitions)
+            if "maintenance" in parts:
+                steps.start("maintenance: queries before and after OPTIMIZE")
+                results["maintenance"] = run(spark, root / "maintenance")
+            if "startup" in parts:
+                steps.start("startup: cold commands with and without the class archive")
+                results["startup"] = startup_bench.run(settings, root / "startup",
+                                                       args.repetitions)
     except BaseException as error:  # the parts that finished are kept, with the failure
         results["failed"] = f"{type(error).__name__}: {error}"
         raise

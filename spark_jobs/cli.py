@@ -16,7 +16,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import config
+from spark_jobs import config, progress
 from spark_jobs.config import ConfigError, Settings, interval_seconds, parse_choices
 from spark_jobs.demo import DEMO_TRIGGER
 
@@ -100,9 +100,10 @@ def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
         span=timedelta(seconds=interval_seconds(args.span)) if args.span else timedelta(0),
         derive_missing_event_id=settings.derive_missing_event_id)
     stop = stop_on_signals() if args.rate else None
-    counts = generate(request, settings.landing_events, settings.landing_campaigns,
-                      settings.expected_counts_file,
-                      should_stop=stop.is_set if stop else (lambda: False))
+    with progress.steps(progress.wanted()) as steps:
+        counts = generate(request, settings.landing_events, settings.landing_campaigns,
+                          settings.expected_counts_file,
+                          should_stop=stop.is_set if stop else (lambda: False), steps=steps)
     print(json.dumps({"generated": counts.as_json(),
                       "expected_counts_file": str(settings.expected_counts_file)}, indent=2))
     return 0
@@ -248,34 +249,42 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
 
     rules = Rules.from_settings(settings)
     changes: list[reprocess.Change] = []
-    try:
-        if days is not None:
-            if "silver" in layers:
-                changes += reprocess.rebuild_silver(spark(), settings, days, rules,
-                                                    args.dry_run)
-            if "gold" in layers:
-                changes += gold_writer.rebuild(spark, settings, days, args.dry_run)
-        elif args.quarantine:
-            replay = reprocess.replay_quarantine(spark(), settings, rules, args.reason,
-                                                 args.dry_run)
-            changes += replay
-            recovered_dates = sorted(replay[0].rows_after)
-            if "gold" in layers and recovered_dates and not args.dry_run:
-                changes += gold_writer.rebuild(spark, settings, DateRange(
-                    date.fromisoformat(recovered_dates[0]),
-                    date.fromisoformat(recovered_dates[-1])), False)
-        if args.late:  # after the range: a date it rebuilt in gold is repaired already
-            late_dates = [day for day in reprocess.unrepaired_late_dates(settings)
-                          if days is None or "gold" not in layers
-                          or not days.first <= day <= days.last]  # (a dry run's range)
-            if not late_dates:
-                print("the late-data ledger has no other unrepaired dates", file=sys.stderr)
-            for day in late_dates:
-                changes += gold_writer.rebuild(spark, settings, DateRange(day, day),
-                                               args.dry_run)
-    finally:
-        for session in started:
-            session.stop()
+    with progress.steps(progress.wanted(args.json)) as steps:
+        try:
+            if days is not None:
+                if "silver" in layers:
+                    steps.start(f"silver rebuild of {days}")
+                    changes += reprocess.rebuild_silver(spark(), settings, days, rules,
+                                                        args.dry_run)
+                if "gold" in layers:
+                    steps.start(f"gold rebuild of {days}")
+                    changes += gold_writer.rebuild(spark, settings, days, args.dry_run)
+            elif args.quarantine:
+                steps.start("quarantine replay")
+                replay = reprocess.replay_quarantine(spark(), settings, rules, args.reason,
+                                                     args.dry_run)
+                changes += replay
+                recovered_dates = sorted(replay[0].rows_after)
+                if "gold" in layers and recovered_dates and not args.dry_run:
+                    changes += gold_writer.rebuild(spark, settings, DateRange(
+                        date.fromisoformat(recovered_dates[0]),
+                        date.fromisoformat(recovered_dates[-1])), False)
+            if args.late:  # after the range: a date it rebuilt in gold is repaired already
+                late_dates = [day for day in reprocess.unrepaired_late_dates(settings)
+                              if days is None or "gold" not in layers
+                              or not days.first <= day <= days.last]  # (a dry run's range)
+                if late_dates:
+                    steps.start("gold rebuild of late dates", len(late_dates))
+                else:
+                    print("the late-data ledger has no other unrepaired dates", file=sys.stderr)
+                for day in late_dates:
+                    steps.advance(0, str(day))
+                    changes += gold_writer.rebuild(spark, settings, DateRange(day, day),
+                                                   args.dry_run)
+                    steps.advance()
+        finally:
+            for session in started:
+                session.stop()
     if args.json:
         print(json.dumps({"dry_run": args.dry_run,
                           "changes": [change.as_json() for change in changes]}, indent=2))
@@ -294,11 +303,13 @@ def cmd_maintain(settings: Settings, args: argparse.Namespace) -> int:
     retention = (timedelta(seconds=config.interval_seconds(args.retention))
                  if args.retention else None)
     both = not args.optimize and not args.vacuum
-    with spark_session(settings, "lakehouse-maintain") as spark:
+    with (progress.steps(progress.wanted(args.json)) as steps,
+          spark_session(settings, "lakehouse-maintain") as spark):
         try:
             outcomes = maintenance.maintain(
                 spark, settings, tables, run_optimize=args.optimize or both,
-                run_vacuum=args.vacuum or both, retention=retention, dry_run=args.dry_run)
+                run_vacuum=args.vacuum or both, retention=retention, dry_run=args.dry_run,
+                steps=steps)
         except maintenance.MaintenanceError as error:
             raise UsageError(str(error)) from None
     print(json.dumps([o.as_json() for o in outcomes], indent=2, default=str) if args.json
@@ -345,11 +356,13 @@ def cmd_validate(settings: Settings, args: argparse.Namespace) -> int:
                 if args.first is not None else None)
     except DateRangeError as error:
         raise UsageError(str(error)) from None
-    with spark_session(settings, "lakehouse-validate") as spark:
+    with (progress.steps(progress.wanted()) as steps,
+          spark_session(settings, "lakehouse-validate") as spark):
         run = validate.validate(spark, settings, tables, days and days.first,
-                                days and days.last)
+                                days and days.last, steps=steps)
         page = None
         if not args.no_report:
+            steps.start("writing the data quality report")
             measures = report.measure(spark, settings, run)
             page = report.write(settings, report.render(measures, run), measures.generated_at)
     for verdict in run.verdicts:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from spark_jobs import reasons
 from spark_jobs.expected_counts import ExpectedCounts
+from spark_jobs.progress import SILENT, Steps
 
 EVENT_TYPES = ("view", "click", "purchase")
 # YSB's shares: mostly views, few clicks; purchases are this project's extension.
@@ -319,8 +320,8 @@ class GenerateRequest:
 
 
 def generate(request: GenerateRequest, landing_events: Path, landing_campaigns: Path,
-             expected_file: Path, should_stop: Callable[[], bool] = lambda: False
-             ) -> ExpectedCounts:
+             expected_file: Path, should_stop: Callable[[], bool] = lambda: False,
+             steps: Steps = SILENT) -> ExpectedCounts:
     """Write events and the campaign mapping; add what to expect to ``expected_file``."""
     generator = EventGenerator(request.seed, request.start, request.mess,
                                request.derive_missing_event_id)
@@ -331,6 +332,8 @@ def generate(request: GenerateRequest, landing_events: Path, landing_campaigns: 
 
     total = ExpectedCounts()
     remaining = request.events
+    steps.start(f"writing events to {landing_events}",
+                None if request.rate else request.events)
     while (remaining > 0 or request.rate) and not should_stop():
         batch = min(remaining, request.events_per_file) if not request.rate else max(
             1, int(request.rate))
@@ -346,6 +349,7 @@ def generate(request: GenerateRequest, landing_events: Path, landing_campaigns: 
         total.add(file_counts)
         _record(expected_file, file_counts)
         remaining -= batch
+        steps.advance(batch)
         if request.rate:
             time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
     return total

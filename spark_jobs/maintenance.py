@@ -27,6 +27,7 @@ from spark_jobs.config import Settings, interval_seconds, parse_choices
 from spark_jobs.datasets import DATA_TABLES
 from spark_jobs.delta_writes import fully_read_before, retry_on_conflict
 from spark_jobs.ops import maintenance_history, stream_progress
+from spark_jobs.progress import SILENT, Steps
 from spark_jobs.tables import TableSpec, ensure_table, local_rows
 
 if TYPE_CHECKING:
@@ -171,7 +172,8 @@ def vacuum(spark: SparkSession, settings: Settings, name: str, retention: timede
 
 
 def maintain(spark: SparkSession, settings: Settings, tables: list[str], *, run_optimize: bool,
-             run_vacuum: bool, retention: timedelta | None, dry_run: bool) -> list[Outcome]:
+             run_vacuum: bool, retention: timedelta | None, dry_run: bool,
+             steps: Steps = SILENT) -> list[Outcome]:
     """Optimize and/or vacuum ``tables``; append the figures to the history table."""
     if run_vacuum:
         floor = minimum_retention(spark, settings)
@@ -183,13 +185,19 @@ def maintain(spark: SparkSession, settings: Settings, tables: list[str], *, run_
                 f"{settings.vacuum_safety_margin}); a shorter one could delete files a "
                 f"stream or a time-travel query still needs")
     outcomes: list[Outcome] = []
+    steps.start("maintenance" + (" (dry run)" if dry_run else ""),
+                len(tables) * (run_optimize + run_vacuum))
     for name in tables:
         ensure_table(spark, settings, TABLES[name])
         if run_optimize:
+            steps.advance(0, f"OPTIMIZE {name}")
             outcomes.append(optimize(spark, settings, name, dry_run))
+            steps.advance()
         if run_vacuum:
             assert retention is not None
+            steps.advance(0, f"VACUUM {name}")
             outcomes.append(vacuum(spark, settings, name, retention, dry_run))
+            steps.advance()
     if outcomes:
         ensure_table(spark, settings, maintenance_history.TABLE)
         run_at = datetime.now(UTC).replace(tzinfo=None)

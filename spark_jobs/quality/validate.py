@@ -24,6 +24,7 @@ from spark_jobs.datasets import DATA_TABLES, REFERENCE_TABLES
 from spark_jobs.delta_writes import query_id, read_position
 from spark_jobs.gold import campaign_stats, watermark
 from spark_jobs.ops import late_data
+from spark_jobs.progress import SILENT, Steps
 from spark_jobs.quality import results, suites
 from spark_jobs.quality.results import Result
 from spark_jobs.quality.suites import CRITICAL, WARNING, Suite
@@ -193,7 +194,7 @@ def snapshot(spark: SparkSession, settings: Settings, suite: Suite, first: date 
 
 def validate(spark: SparkSession, settings: Settings, tables: list[str],
              first: date | None = None, last: date | None = None,
-             cut: GoldCut | None = None) -> ValidationRun:
+             cut: GoldCut | None = None, steps: Steps = SILENT) -> ValidationRun:
     """Validate ``tables`` (whole, or the dates ``first`` to ``last``) as of ``cut`` (default:
     now), append the results to ``quality.results`` and update Data Docs."""
     for spec in (*DATA_TABLES.values(), *REFERENCE_TABLES.values()):
@@ -205,7 +206,9 @@ def validate(spark: SparkSession, settings: Settings, tables: list[str],
     values = cut.values(settings)
     # Each snapshot is cached here, once; Great Expectations would cache it again.
     source = gx_context.data_sources.add_or_update_spark(DATASOURCE, persist=False)
+    steps.start("validating", len(tables))
     for table in tables:
+        steps.advance(0, table)
         suite = suites.load(settings, table, first, last, values)
         frame = snapshot(spark, settings, suite, first, last, cut.version_of(table)).persist()
         try:
@@ -213,6 +216,7 @@ def validate(spark: SparkSession, settings: Settings, tables: list[str],
                                                 run))
         finally:
             frame.unpersist()
+        steps.advance()
     ensure_table(spark, settings, results.TABLE)
     rows = [r.row() for verdict in run.verdicts for r in verdict.results]
     (local_rows(spark, rows, results.SCHEMA)
