@@ -458,7 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     def verb(name: str, handler: Callable[[Settings, argparse.Namespace], int],
              help_text: str) -> argparse.ArgumentParser:
         sub = verbs.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--root", type=Path,
+        # Text, not a Path: a Path would fold "s3a://b" into "s3a:/b", which then passes for
+        # a local folder; the configuration decides what a root may be.
+        sub.add_argument("--root",
                          help="lakehouse root folder (default: configuration 'root')")
         sub.set_defaults(handler=handler)
         return sub

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import tomllib
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -177,8 +178,11 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
 
 
 def _field_types() -> dict[str, type]:
-    names = {"bool": bool, "int": int, "tuple[str, ...]": tuple}
-    return {f.name: names.get(str(f.type), str) for f in dataclasses.fields(Settings)}
+    """Each setting's kind, from the dataclass's own type hints: a bool, an int, a tuple of
+    strings, or text (paths are text until ``_validated`` resolves them)."""
+    hints = typing.get_type_hints(Settings)
+    kinds = {name: typing.get_origin(hint) or hint for name, hint in hints.items()}
+    return {name: kind if kind in (bool, int, tuple) else str for name, kind in kinds.items()}
 
 
 def load(overrides: Mapping[str, Any] | None = None,
@@ -218,13 +222,26 @@ def _validated(values: dict[str, Any]) -> Settings:
                 "window_duration", "attribution_max_gap", "time_travel_window",
                 "vacuum_safety_margin", "quality_source_quiet_after", "quality_silver_max_lag"):
         interval_seconds(values[key])
-    values["root"] = Path(values["root"]).expanduser().resolve()
+    values["root"] = _local_root(values["root"])
     values["jars_dir"] = (Path(values["jars_dir"]).expanduser().resolve() if values["jars_dir"]
                           else default_jars_dir())
     values["expectations_dir"] = (Path(values["expectations_dir"]).expanduser().resolve()
                                   if values["expectations_dir"]
                                   else bundled("expectations"))
     return Settings(**values)
+
+
+def _local_root(text: str) -> Path:
+    """The root as a local folder: a path, or a ``file://`` URI. An object-store URI is
+    refused by name: taken as a path it became ``<cwd>/s3a:/bucket/lake``, silently."""
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", text)
+    if scheme and scheme.group(1).lower() != "file":
+        raise ConfigError(f"root {text}: a {scheme.group(1)}:// root is not supported yet; "
+                          "the landing zone, checkpoint leases and heartbeats need a local "
+                          "folder (or a file:// URI)")
+    if scheme:
+        text = text[len("file://"):]
+    return Path(text).expanduser().resolve()
 
 
 def default_jars_dir() -> Path:

@@ -47,6 +47,20 @@ def test_config_file_named_by_environment(tmp_path: Path) -> None:
     assert settings.window_duration == "10 seconds"
 
 
+def test_a_root_is_a_local_folder_or_a_file_uri(tmp_path: Path) -> None:
+    assert config.load({"root": f"file://{tmp_path}/lake"}, environ={}).root == tmp_path / "lake"
+    # Before, an object-store root became a folder named after it under the working
+    # directory, without a word.
+    with pytest.raises(ConfigError, match="a s3a:// root is not supported yet"):
+        config.load({"root": "s3a://bucket/lake"}, environ={})
+    # And from the command line, with a non-zero exit and no folder made.
+    refused = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "audit", "--root",
+                              "s3a://bucket/lake"], cwd=tmp_path, capture_output=True,
+                             text=True, env=cli_env())
+    assert refused.returncode != 0 and "not supported yet" in refused.stderr
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(("env", "message"), [
     ({"LAKEHOUSE_SOURCE": "ftp"}, "source must be one of"),
     ({"LAKEHOUSE_SHUFFLE_PARTITIONS": "many"}, "must be an integer"),
