@@ -14,6 +14,8 @@ import re
 import sys
 import tomllib
 import typing
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -232,16 +234,21 @@ def _validated(values: dict[str, Any]) -> Settings:
 
 
 def _local_root(text: str) -> Path:
-    """The root as a local folder: a path, or a ``file://`` URI. An object-store URI is
-    refused by name: taken as a path it became ``<cwd>/s3a:/bucket/lake``, silently."""
-    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", text)
-    if scheme and scheme.group(1).lower() != "file":
-        raise ConfigError(f"root {text}: a {scheme.group(1)}:// root is not supported yet; "
-                          "the landing zone, checkpoint leases and heartbeats need a local "
-                          "folder (or a file:// URI)")
-    if scheme:
-        text = text[len("file://"):]
-    return Path(text).expanduser().resolve()
+    """The root as a local folder: a path, or a ``file:`` URI of this machine. An object-store
+    URI is refused by name: taken as a path, ``s3a://bucket/lake`` became
+    ``<cwd>/s3a:/bucket/lake``, silently."""
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):/", text)  # two letters: not C:/
+    if not scheme:
+        return Path(text).expanduser().resolve()
+    uri = urllib.parse.urlparse(text)
+    if uri.scheme.lower() != "file":
+        raise ConfigError(f"root {text}: a {uri.scheme}:// root is not supported yet; the "
+                          "landing zone, checkpoint leases and heartbeats need a local folder "
+                          "(or a file:// URI)")
+    if uri.netloc not in ("", "localhost"):
+        raise ConfigError(f"root {text}: a file:// root on another machine ({uri.netloc}) "
+                          "is not a local folder")
+    return Path(urllib.request.url2pathname(uri.path)).resolve()
 
 
 def default_jars_dir() -> Path:

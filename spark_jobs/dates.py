@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, timedelta
+from typing import TYPE_CHECKING
 
-from pyspark.sql import Column
-from pyspark.sql import functions as F
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 
 class DateRangeError(ValueError):
@@ -38,6 +39,8 @@ class DateRange:
         return [self.first + timedelta(days=n) for n in range((self.last - self.first).days + 1)]
 
     def holds(self, column: str) -> Column:
+        from pyspark.sql import functions as F
+
         return F.col(column).between(F.lit(self.first), F.lit(self.last))
 
     def date_predicate(self, column: str) -> str:

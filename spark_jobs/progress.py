@@ -85,9 +85,11 @@ def steps(show: bool) -> Iterator[Steps]:
         TimeElapsedColumn,
     )
 
+    # stdout is the command's output (JSON, tables): the display never takes it over.
     display = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                        MofNCompleteColumn(), TimeElapsedColumn(),
-                       console=Console(stderr=True), transient=False)
+                       console=Console(stderr=True), transient=False,
+                       redirect_stdout=False, redirect_stderr=False)
     shown = _Shown(display)
     with display:
         try:

@@ -49,6 +49,12 @@ def test_config_file_named_by_environment(tmp_path: Path) -> None:
 
 def test_a_root_is_a_local_folder_or_a_file_uri(tmp_path: Path) -> None:
     assert config.load({"root": f"file://{tmp_path}/lake"}, environ={}).root == tmp_path / "lake"
+    assert config.load({"root": f"file://localhost{tmp_path}/a%20lake"},
+                       environ={}).root == tmp_path / "a lake"
+    for elsewhere, message in (("file://nas/lake", "on another machine"),
+                               ("s3a:/bucket/lake", "a s3a:// root is not supported")):
+        with pytest.raises(ConfigError, match=message):
+            config.load({"root": elsewhere}, environ={})
     # Before, an object-store root became a folder named after it under the working
     # directory, without a word.
     with pytest.raises(ConfigError, match="a s3a:// root is not supported yet"):

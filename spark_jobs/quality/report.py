@@ -137,6 +137,11 @@ def freshness(spark: SparkSession, settings: Settings, now: datetime) -> pd.Data
 # -- rendering -----------------------------------------------------------------------------
 
 
+def _whole(value: float | None) -> int | None:
+    """A count read as a float (NaN or None where absent) as the integer it is."""
+    return None if value is None or value != value else int(value)
+
+
 def _rounded(value: float | None) -> float | None:
     return None if value is None or value != value else round(value, 1)
 
@@ -161,8 +166,7 @@ def render(measures: Measures, run: ValidationRun | None = None) -> str:
                "critical": len(v.failed("critical")), "warnings": len(v.failed("warning"))}
               for v in (run.verdicts if run else [])]
     failures = [{"severity": f.severity, "suite": f.suite, "description": f.description,
-                 "unexpected": (None if f.unexpected_count != f.unexpected_count
-                                else int(f.unexpected_count)), "details": f.details,
+                 "unexpected": _whole(f.unexpected_count), "details": f.details,
                  "observed": (f"could not be evaluated: {f.error[:300]}" if f.error
                               else (f.observed or "")[:300])}
                 for f in measures.failures.itertuples()]
