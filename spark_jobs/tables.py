@@ -105,17 +105,22 @@ def _create_and_register(spark: SparkSession, settings: Settings, spec: TableSpe
                .partitionedBy(*spec.partitioned_by))
     for key, value in spec.table_properties.items():
         builder = builder.property(key, value)
-    _create_once(builder, spec)
+    _create_once(builder, spec, spec.path(settings))
     _register(spark, settings, spec)
     _remember(settings, spec)
 
 
-def _create_once(builder: DeltaTableBuilder, spec: TableSpec) -> None:
+def _create_once(builder: DeltaTableBuilder, spec: TableSpec, path: str) -> None:
     """Jobs starting together (the streams and a validation) race to create a table: the
     loser sees the winner's first commit as a conflict, or the winner's folder before that
     commit, as "not empty and not a Delta table" or as a log without a table. Each way, a
     moment later its retry finds the winner's table and writes nothing; a folder that stays
-    foreign is still refused."""
+    foreign is still refused.
+
+    A log folder that stays empty is a creation killed between making the folder and
+    writing the first commit (the chaos battery SIGKILLed a driver there): Delta then calls
+    the table missing and will not create it, for every process after. Such a folder holds
+    nothing, so it is removed (only while empty) and the table created."""
     from pyspark.errors import AnalysisException
 
     for attempt in range(1, CREATE_ATTEMPTS + 1):
@@ -123,9 +128,26 @@ def _create_once(builder: DeltaTableBuilder, spec: TableSpec) -> None:
             retry_on_conflict(builder.execute, f"create {spec.name}")
             return
         except AnalysisException as error:
-            if error.getCondition() not in CREATING or attempt == CREATE_ATTEMPTS:
+            if error.getCondition() not in CREATING:
                 raise
+            if attempt == CREATE_ATTEMPTS:
+                if not _remove_torn_log(path):
+                    raise
+                retry_on_conflict(builder.execute, f"create {spec.name}")
+                return
             time.sleep(0.5 * attempt)
+
+
+def _remove_torn_log(path: str) -> bool:
+    """Remove the table's ``_delta_log`` if it is an empty local folder; whether it was."""
+    log = os.path.join(path, "_delta_log")
+    if "://" in path or not os.path.isdir(log) or os.listdir(log):
+        return False
+    try:
+        os.rmdir(log)  # fails, and changes nothing, if a commit landed meanwhile
+    except OSError:
+        return False
+    return True
 
 
 def register_existing(spark: SparkSession, settings: Settings) -> list[str]:

@@ -6,6 +6,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from pathlib import Path
 
 from pyspark.sql.types import (
     DateType,
@@ -103,3 +104,15 @@ def test_a_table_is_ensured_once_until_its_log_is_gone_or_its_name_points_elsewh
     assert created == [str(lake.root), str(lake.root), str(other.root), str(lake.root)]
     location = spark.sql("DESCRIBE DETAIL bronze.ad_events").first().location
     assert location.rstrip("/").endswith(bronze.TABLE.path(lake).lstrip("/"))
+
+
+def test_a_creation_killed_before_its_first_commit_does_not_block_the_table(
+        spark, tmp_path) -> None:
+    # A driver SIGKILLed between making the log folder and writing commit 0 leaves an empty
+    # _delta_log, which Delta calls a missing table it will not create (the chaos battery
+    # wedged ops.stream_progress so: every later process failed to start its streams).
+    settings = make_settings(tmp_path / "lake")
+    torn = Path(bronze.TABLE.path(settings)) / "_delta_log"
+    torn.mkdir(parents=True)
+    ensure_table(spark, settings, bronze.TABLE)
+    assert delta_reader.latest_version(bronze.TABLE.path(settings)) == 0
