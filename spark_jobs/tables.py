@@ -90,10 +90,16 @@ def ensure_table(spark: SparkSession, settings: Settings, spec: TableSpec) -> No
     _ENSURED[ensured] = path
 
 
+def _local_log(path: str) -> str | None:
+    """The table's log folder on this machine's disk; None for a path with a scheme (an
+    object store), which is not looked at."""
+    return None if "://" in path else os.path.join(path, "_delta_log")
+
+
 def _log_present(path: str) -> bool:
-    """Whether the table's log is still there; a path with a scheme (an object store) is
-    not looked at, and taken to be."""
-    return "://" in path or os.path.isdir(os.path.join(path, "_delta_log"))
+    """Whether the table's log is still there (an object store's is taken to be)."""
+    log = _local_log(path)
+    return log is None or os.path.isdir(log)
 
 
 def _create_and_register(spark: SparkSession, settings: Settings, spec: TableSpec) -> None:
@@ -140,8 +146,8 @@ def _create_once(builder: DeltaTableBuilder, spec: TableSpec, path: str) -> None
 
 def _remove_torn_log(path: str) -> bool:
     """Remove the table's ``_delta_log`` if it is an empty local folder; whether it was."""
-    log = os.path.join(path, "_delta_log")
-    if "://" in path or not os.path.isdir(log) or os.listdir(log):
+    log = _local_log(path)
+    if log is None or not os.path.isdir(log) or os.listdir(log):
         return False
     try:
         os.rmdir(log)  # fails, and changes nothing, if a commit landed meanwhile
