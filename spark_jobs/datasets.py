@@ -1,35 +1,25 @@
-"""Every table of the lakehouse, declared once: the registry.
+"""The registry's tables with their schemas: each table's ``TableSpec``, from its own module.
 
-Each table's module declares its :class:`TableSpec` (name, schema, grain, partitioning,
-layout, statistics columns); this module lists them all, so whatever works over tables
-(maintenance, validation, the report, the README's table of tables, checked by
-``tests/test_registry.py``) takes them from here rather than from a list of its own.
+``spark_jobs.registry`` lists the tables (plain Python, for the API server and DAG files);
+this is the same list for Spark jobs, which need the schemas too.
 """
 
 from __future__ import annotations
 
-from spark_jobs.bronze import ad_events as bronze
-from spark_jobs.gold import ad_attribution, campaign_stats
-from spark_jobs.ops import gold_rebuilds, late_data, maintenance_history, stream_progress
-from spark_jobs.quality import results
-from spark_jobs.silver import ad_campaigns, quarantine
-from spark_jobs.silver import ad_events as silver
+import importlib
+
+from spark_jobs import registry
 from spark_jobs.tables import TableSpec
 
 
-def _by_name(*specs: TableSpec) -> dict[str, TableSpec]:
-    return {spec.name: spec for spec in specs}
+def _specs(tables: dict[str, registry.Table]) -> dict[str, TableSpec]:
+    return {name: importlib.import_module(table.module).TABLE for name, table in tables.items()}
 
 
+TABLES: dict[str, TableSpec] = _specs(registry.TABLES)
 # The data the pipeline produces, in pipeline order: validated, compacted and vacuumed.
-DATA_TABLES = _by_name(bronze.TABLE, silver.TABLE, quarantine.TABLE, campaign_stats.TABLE,
-                       ad_attribution.TABLE)
-
+DATA_TABLES = _specs(registry.of_kind("data"))
 # What the data tables are checked against (mapping, the late-data ledger).
-REFERENCE_TABLES = _by_name(ad_campaigns.TABLE, late_data.TABLE)
-
+REFERENCE_TABLES = _specs(registry.of_kind("reference"))
 # What the lakehouse records about itself.
-OPS_TABLES = _by_name(gold_rebuilds.TABLE, maintenance_history.TABLE, stream_progress.TABLE,
-                      results.TABLE)
-
-TABLES: dict[str, TableSpec] = {**DATA_TABLES, **REFERENCE_TABLES, **OPS_TABLES}
+OPS_TABLES = _specs(registry.of_kind("ops"))

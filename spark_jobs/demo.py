@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from spark_jobs import airflow_standalone
+from spark_jobs import airflow_standalone, registry
 from spark_jobs.airflow_env import environment
 from spark_jobs.config import LOOPBACK, Settings, console_script
 
@@ -145,7 +145,7 @@ class FirstReport:
     (SQLite busy, the DAG not serialized yet) is tried again."""
 
     def __init__(self, settings: Settings, env: dict[str, str], log_dir: Path) -> None:
-        self.gold = settings.table_path("gold/campaign_stats")
+        self.gold = registry.TABLES["gold.campaign_stats"].path(settings)
         self.env, self.log = env, log_dir / "first-quality-run.log"
         self.trigger: subprocess.Popen[bytes] | None = None
         self.done = False

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from spark_jobs import registry
 from spark_jobs.config import Settings, interval_seconds, parse_choices
 from spark_jobs.datasets import DATA_TABLES
 from spark_jobs.delta_writes import fully_read_before, retry_on_conflict
@@ -123,11 +124,9 @@ def unread_ages(spark: SparkSession, settings: Settings, now: datetime) -> list[
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from spark_jobs.streaming import LAYERS
-
     ages = []
-    for module in (name for modules in LAYERS.values() for name in modules):
-        stream = importlib.import_module(module)
+    for table in registry.streams():
+        stream = importlib.import_module(table.module)
         source: TableSpec | None = getattr(stream, "SOURCE_TABLE", None)
         # A stream that never ran starts from the source as it is then: it needs no old file.
         unread = (None if source is None

@@ -31,13 +31,12 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
-from spark_jobs import checkpoints, streaming
+from spark_jobs import checkpoints, registry, streaming
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import ConfigError, Settings
-from spark_jobs.gold import ad_attribution, campaign_stats
+from spark_jobs.datasets import TABLES as DATASETS
 from spark_jobs.ops import gold_rebuilds
 from spark_jobs.ops.leases import REPROCESS, leases
-from spark_jobs.silver import ad_campaigns, quarantine
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.tables import TableSpec, ensure_table
 
@@ -49,9 +48,10 @@ RESETS: dict[str, tuple[str, ...]] = {"silver": ("silver", "gold"), "gold": ("go
 # The tables each layer's streams write (gold's record of rebuilds goes with gold: it
 # tells the gold streams which silver rows a rebuild counted in tables now emptied).
 TABLES: dict[str, tuple[TableSpec, ...]] = {
-    "silver": (silver.TABLE, quarantine.TABLE, ad_campaigns.TABLE),
-    "gold": (campaign_stats.TABLE, ad_attribution.TABLE, gold_rebuilds.TABLE),
-}
+    layer: (*(DATASETS[table.name] for table in registry.TABLES.values()
+              if table.stream and table.layer == layer),
+            *((gold_rebuilds.TABLE,) if layer == "gold" else ()))
+    for layer in RESETS}
 
 
 @dataclass(frozen=True)

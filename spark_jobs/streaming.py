@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs import checkpoints
+from spark_jobs import checkpoints, registry
 from spark_jobs.config import ConfigError, Settings, interval_seconds, spark_interval
 from spark_jobs.gold import writer as gold_writer
 from spark_jobs.ops import heartbeat, stream_progress
@@ -36,12 +36,11 @@ log = logging.getLogger(__name__)
 PROGRESS_FLUSH_SECONDS = 5.0
 POOL = "spark.scheduler.pool"
 
-# Layer name -> the modules whose ``start`` launch its queries, in dependency order.
+# Layer name -> the modules whose ``start`` launch its queries, in dependency order (the
+# registry's order).
 LAYERS: dict[str, tuple[str, ...]] = {
-    "bronze": ("spark_jobs.bronze.ad_events",),
-    "silver": ("spark_jobs.silver.ad_events", "spark_jobs.silver.ad_campaigns"),
-    "gold": ("spark_jobs.gold.campaign_stats", "spark_jobs.gold.ad_attribution"),
-}
+    layer: tuple(table.module for table in registry.streams() if table.layer == layer)
+    for layer in registry.LAYERS}
 
 
 class StreamFailed(RuntimeError):
@@ -85,11 +84,11 @@ def _check_checkpoints(settings: Settings, layers: Sequence[str]) -> None:
 
 
 def query_names(layer: str) -> list[str]:
-    return [importlib.import_module(module).QUERY_NAME for module in LAYERS[layer]]
+    return [str(table.stream) for table in registry.streams() if table.layer == layer]
 
 
 def _layer_of(query_name: str) -> str:
-    return next(layer for layer in LAYERS if query_name in query_names(layer))
+    return next(table.layer for table in registry.streams() if table.stream == query_name)
 
 
 def _raise_if_failed(queries: Iterable[StreamingQuery]) -> None:

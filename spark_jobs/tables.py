@@ -14,11 +14,13 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from spark_jobs import registry
 from spark_jobs.config import Settings
 from spark_jobs.delta_writes import retry_on_conflict
+from spark_jobs.registry import Table
 
 if TYPE_CHECKING:
     from delta.tables import DeltaTableBuilder
@@ -32,35 +34,15 @@ CREATE_ATTEMPTS = 5
 CREATING = frozenset({"DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "DELTA_TABLE_NOT_FOUND"})
 
 
-@dataclass(frozen=True)
-class TableSpec:
-    name: str  # "layer.table", as SQL users query it
+@dataclass(frozen=True, kw_only=True)
+class TableSpec(Table):
+    """A table of the registry with its schema, as its own module declares it."""
+
     schema: StructType
-    # One sentence: what one row is. The README's table of tables and the report's suite
-    # table show it; tests/test_registry.py keeps the README in step.
-    grain: str
-    partitioned_by: tuple[str, ...] = ()
-    # The nightly OPTIMIZE's layout: Z-order by these columns, or plain bin-packing.
-    zorder_by: tuple[str, ...] = ()
-    properties: dict[str, str] = field(default_factory=dict)
-    # Columns Delta keeps min/max statistics for (file skipping, Z-order). Delta's default is
-    # the first 32 columns, which includes the raw text: collecting its statistics cost
-    # three times the validation itself on every write (measured by make bench).
-    stats_columns: tuple[str, ...] = ()
 
-    @property
-    def table_properties(self) -> dict[str, str]:
-        if not self.stats_columns:
-            return self.properties
-        return {"delta.dataSkippingStatsColumns": ",".join(self.stats_columns),
-                **self.properties}
-
-    @property
-    def relative_path(self) -> str:
-        return self.name.replace(".", "/")
-
-    def path(self, settings: Settings) -> str:
-        return settings.table_path(self.relative_path)
+    @classmethod
+    def declared(cls, name: str, schema: StructType) -> TableSpec:
+        return cls(**registry.TABLES[name].fields(), schema=schema)
 
 
 def create_statement(spec: TableSpec, settings: Settings) -> str:

@@ -1,12 +1,15 @@
-"""The table registry (``spark_jobs.datasets``) is the one list of tables: the README's table
-of tables, the suites and maintenance agree with it."""
+"""The table registry (``spark_jobs.registry``) is the one list of tables: every module's
+``TABLE``, the streams started and shown, the suites, maintenance, reset and the README's
+table of tables agree with it."""
 
 import importlib
 import pkgutil
 import re
+import subprocess
+import sys
 
 import spark_jobs
-from spark_jobs import datasets, maintenance
+from spark_jobs import datasets, maintenance, registry, reset, streaming
 from spark_jobs.config import PROJECT_DIR
 from spark_jobs.tables import TableSpec
 
@@ -24,6 +27,11 @@ def declared_tables() -> dict[str, TableSpec]:
 
 def test_the_registry_holds_every_table_a_module_declares() -> None:
     assert declared_tables() == datasets.TABLES
+    assert list(datasets.TABLES) == list(registry.TABLES)
+    for name, spec in datasets.TABLES.items():
+        # Each module declares its registry entry, with nothing changed, plus its schema.
+        assert spec.fields() == registry.TABLES[name].fields()
+        assert importlib.import_module(registry.TABLES[name].module).TABLE is spec
     for spec in datasets.TABLES.values():
         # Every table says what one row is, and lays out by columns it has.
         assert spec.grain.startswith(("one row per", "the late-data ledger")), spec.name
@@ -52,3 +60,37 @@ def test_suites_and_maintenance_take_their_tables_from_the_registry(settings) ->
     # campaign over a day in gold.
     assert datasets.TABLES["silver.ad_events"].zorder_by == ("ad_id",)
     assert datasets.TABLES["gold.campaign_stats"].zorder_by == ("campaign_id", "window_start")
+
+
+def test_streams_are_started_shown_and_reset_as_the_registry_says() -> None:
+    # Each stream is started by the module of the table named after it, under that name.
+    assert registry.query_names() == ("bronze_ad_events", "silver_ad_events",
+                                      "silver_ad_campaigns", "gold_campaign_stats",
+                                      "gold_ad_attribution")
+    started = [importlib.import_module(module) for modules in streaming.LAYERS.values()
+               for module in modules]
+    assert [module.QUERY_NAME for module in started] == list(registry.query_names())
+    assert all(callable(module.start) for module in started)
+    assert list(streaming.LAYERS) == ["bronze", "silver", "gold"]
+    # A table written by a stream is written by one the runner starts (the quarantine by
+    # silver's).
+    assert {t.stream for t in registry.TABLES.values() if t.stream} == set(
+        registry.query_names())
+    # A reset of a layer empties what its streams write (and gold's record of rebuilds).
+    assert {layer: [t.name for t in tables] for layer, tables in reset.TABLES.items()} == {
+        "silver": ["silver.ad_events", "silver.quarantine", "silver.ad_campaigns"],
+        "gold": ["gold.campaign_stats", "gold.ad_attribution", "ops.gold_rebuilds"]}
+
+
+def test_the_shipped_suites_are_the_registry_s() -> None:
+    shipped = {path.stem for path in (PROJECT_DIR / "expectations").glob("*.json")}
+    assert shipped == {name for name, table in registry.TABLES.items() if table.suite}
+
+
+def test_the_registry_imports_no_pyspark() -> None:
+    # The Airflow API server (the Stream health page) and the DAG files read it.
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, spark_jobs.registry; "
+                               "print(sorted(m for m in sys.modules if 'pyspark' in m))"],
+        capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"

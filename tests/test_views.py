@@ -221,7 +221,7 @@ def test_the_drivers_problems_are_never_shown_green() -> None:
 def test_the_page_reads_the_ops_tables_with_delta_rs(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "lake")
     moment = pa.timestamp("us", tz="UTC")
-    write_deltalake(settings.table_path(views.PROGRESS_TABLE), pa.table({
+    write_deltalake(views.PROGRESS_TABLE.path(settings), pa.table({
         "query_name": ["silver_ad_events", "silver_ad_events", "gold_campaign_stats"],
         "batch_id": pa.array([1, 2, 3], pa.int64()),
         "batch_at": pa.array([NOW - timedelta(seconds=9), NOW - timedelta(seconds=4),

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from spark_jobs import config
+from spark_jobs import config, registry
 
 SPARK_CONNECTION = "lakehouse_spark"
 # The file, found without importing it (the CLI's imports are not for DAG parsing).
@@ -48,12 +47,13 @@ def lakehouse_job(task_id: str, verb: str, *args: str,
     )
 
 
-def assets(*names: Sequence[str]) -> list[Any]:
-    """The Airflow assets of tables by name (``silver.ad_events``), as ``file://`` URIs."""
+def assets(*names: str) -> list[Any]:
+    """The Airflow assets of the registry's tables by name (``silver.ad_events``), as
+    ``file://`` URIs."""
     from airflow.sdk import Asset
 
     settings = config.load()
-    return [Asset(name=name, uri=f"file://{settings.table_path(str(name).replace('.', '/'))}")
+    return [Asset(name=name, uri=f"file://{registry.TABLES[name].path(settings)}")
             for name in names]
 
 

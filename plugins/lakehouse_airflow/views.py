@@ -19,27 +19,25 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from spark_jobs import config, delta_reader, pages
+from spark_jobs import config, delta_reader, pages, registry
 from spark_jobs.config import ConfigError, Settings
 from spark_jobs.ops import heartbeat
 from spark_jobs.ops.leases import driver
 
-# Every streaming query the pipeline runs (``spark_jobs.streaming.LAYERS``; each module's
-# ``QUERY_NAME``), in dependency order. Named here because importing those modules imports
-# PySpark, which the API server must not; ``tests/test_views.py`` keeps the two in step.
-STREAMS: tuple[str, ...] = ("bronze_ad_events", "silver_ad_events", "silver_ad_campaigns",
-                            "gold_campaign_stats", "gold_ad_attribution")
+# Every streaming query the pipeline runs, in dependency order, from the registry (plain
+# Python: the API server imports no PySpark).
+STREAMS: tuple[str, ...] = registry.query_names()
 # The windowed streams: their progress rows carry their event-time watermark (Spark's for
 # the attribution join; the one campaign stats applies itself in ``foreachBatch``).
-WINDOWED = frozenset({"gold_campaign_stats", "gold_ad_attribution"})
+WINDOWED = frozenset(str(table.stream) for table in registry.streams() if table.windowed)
 # Spark's own definition of falling behind is a batch taking longer than the trigger
 # interval; one slow batch (a compaction, a catch-up after a restart) is not a trend.
 FALLING_BEHIND_BATCHES = 3
 # Spark reports this watermark before a stream has seen any event.
 NO_WATERMARK = datetime(1970, 1, 1, tzinfo=UTC)
 
-PROGRESS_TABLE = "ops/stream_progress"
-LATE_TABLE = "ops/late_data"
+PROGRESS_TABLE = registry.TABLES["ops.stream_progress"]
+LATE_TABLE = registry.TABLES["ops.late_data"]
 PROGRESS_COLUMNS = ["query_name", "batch_id", "batch_at", "num_input_rows",
                     "input_rows_per_second", "processed_rows_per_second",
                     "batch_duration_ms", "watermark", "state_rows",
@@ -98,10 +96,10 @@ def _utc(value: Any) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def _table_rows(settings: Settings, relative: str,
+def _table_rows(settings: Settings, table: registry.Table,
                 columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """A Delta table's rows as plain Python values (ints stay ints, NULL is None)."""
-    return delta_reader.read_rows(settings.table_path(relative), columns)
+    return delta_reader.read_rows(table.path(settings), columns)
 
 
 def read_snapshot(settings: Settings, now: datetime | None = None) -> Snapshot:

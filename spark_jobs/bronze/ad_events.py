@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-QUERY_NAME = "bronze_ad_events"
 
 SCHEMA = StructType([
     StructField("bronze_id", StringType(), False),
@@ -43,12 +42,8 @@ SCHEMA = StructType([
     StructField("ingest_date", DateType(), False),
 ])
 
-# Not Z-ordered: raw records are read whole, by ingestion date.
-TABLE = TableSpec("bronze.ad_events", SCHEMA,
-                  "one row per record received (non-blank line, or Kafka message), raw text "
-                  "untouched, partitioned by ingest_date",
-                  partitioned_by=("ingest_date",),
-                  stats_columns=("ingested_at",))
+TABLE = TableSpec.declared("bronze.ad_events", SCHEMA)
+QUERY_NAME = str(TABLE.stream)  # the stream this module starts
 
 # The observed metric holding a micro-batch's record count (``ops.stream_progress``).
 RECORDS_METRIC = "records"

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-QUERY_NAME = "gold_ad_attribution"
 # The Delta table the stream reads: VACUUM of it keeps what the stream has yet to read.
 SOURCE_TABLE = silver.TABLE
 # The join's bound: its state and every attribution written were built under it (``checkpoints``).
@@ -54,10 +53,8 @@ SCHEMA = StructType([
     StructField("seconds_from_view", DoubleType(), False),
 ])
 
-TABLE = TableSpec("gold.ad_attribution", SCHEMA,
-                  "one row per click matched to the latest view of the same user and ad at "
-                  "most attribution_max_gap (1 hour by default) before it",
-                  zorder_by=("ad_id", "click_time"))
+TABLE = TableSpec.declared("gold.ad_attribution", SCHEMA)
+QUERY_NAME = str(TABLE.stream)  # the stream this module starts
 
 
 def clicks(events: DataFrame) -> DataFrame:

@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-QUERY_NAME = "gold_campaign_stats"
 # The Delta table the stream reads: VACUUM of it keeps what the stream has yet to read.
 SOURCE_TABLE = silver.TABLE
 # The window is the table's key: windows of two lengths must not mix (``checkpoints``).
@@ -65,11 +64,8 @@ SCHEMA = StructType([
     StructField("revenue", DecimalType(18, 2), False),
 ])
 
-# Z-ordered for "one campaign over one day".
-TABLE = TableSpec("gold.campaign_stats", SCHEMA,
-                  "one row per campaign and event-time window (window_duration, 1 minute by "
-                  "default): views, clicks, purchases, revenue",
-                  zorder_by=("campaign_id", "window_start"))
+TABLE = TableSpec.declared("gold.campaign_stats", SCHEMA)
+QUERY_NAME = str(TABLE.stream)  # the stream this module starts
 
 
 def event_window(window_duration: str) -> Column:

@@ -31,9 +31,7 @@ SCHEMA = StructType([
     StructField("rebuilt_at", TimestampType(), False),
 ])
 
-TABLE = TableSpec("ops.gold_rebuilds", SCHEMA,
-                  "one row per event date and silver version a reprocess rebuilt "
-                  "gold.campaign_stats from")
+TABLE = TableSpec.declared("ops.gold_rebuilds", SCHEMA)
 
 
 def record(spark: SparkSession, settings: Settings, days: list[date], silver_version: int

@@ -31,6 +31,4 @@ SCHEMA = StructType([
     StructField("repaired_at", TimestampType()),
 ])
 
-TABLE = TableSpec("ops.late_data", SCHEMA,
-                  "the late-data ledger: events that reached a layer after its watermark "
-                  "closed their window, per layer, date, window and batch")
+TABLE = TableSpec.declared("ops.late_data", SCHEMA)

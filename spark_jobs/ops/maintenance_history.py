@@ -30,6 +30,4 @@ SCHEMA = StructType([
     StructField("bytes_after", LongType(), False),
     StructField("detail", StringType()),
 ])
-TABLE = TableSpec("ops.maintenance_history", SCHEMA,
-                  "one row per table and maintenance operation: files and bytes before and "
-                  "after, duration")
+TABLE = TableSpec.declared("ops.maintenance_history", SCHEMA)

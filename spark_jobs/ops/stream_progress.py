@@ -43,10 +43,7 @@ SCHEMA = StructType([
     StructField("rows_dropped_by_watermark", LongType()),
 ])
 
-TABLE = TableSpec("ops.stream_progress", SCHEMA,
-                  "one row per micro-batch of every stream: input records (bronze counts "
-                  "lines, not the files it reads whole; a join counts silver once, not once "
-                  "per side), rates in records per second, duration, watermark, state rows")
+TABLE = TableSpec.declared("ops.stream_progress", SCHEMA)
 
 # (query id, batch id) -> the event-time watermark a batch applied itself in
 # ``foreachBatch``, where Spark reports none; kept until its progress row is written.

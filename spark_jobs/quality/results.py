@@ -39,9 +39,7 @@ SCHEMA = StructType([
     StructField("details", StringType()),  # Data Docs page, relative to <root>/reports
 ])
 
-TABLE = TableSpec("quality.results", SCHEMA,
-                  "one row per expectation evaluated in a validation run: suite, severity, "
-                  "outcome, unexpected count, observed sample, dates, Data Docs page")
+TABLE = TableSpec.declared("quality.results", SCHEMA)
 
 
 @dataclass(frozen=True)

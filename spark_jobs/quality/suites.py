@@ -3,7 +3,7 @@
 Each file is a suite as Great Expectations serialises it, plus two entries in its
 ``meta``: the ``table`` it validates and the ``date_column`` (a SQL expression) that
 selects a date range of it. The table's grain comes from the registry
-(``spark_jobs.datasets``), where the table declares it, and is added to the loaded suite's
+(``spark_jobs.registry``), where the table is declared, and is added to the loaded suite's
 ``meta`` for Data Docs. Every expectation
 carries a ``severity``: ``critical`` fails the run, ``warning`` is reported only. An
 expectation whose ``meta.scope`` is ``table`` judges the whole table (freshness) and is
@@ -22,6 +22,7 @@ from datetime import date
 from string import Template
 from typing import Any
 
+from spark_jobs import registry
 from spark_jobs.config import ConfigError, Settings
 
 CRITICAL = "critical"
@@ -43,10 +44,14 @@ class Suite:
 
 
 def available(settings: Settings) -> list[str]:
-    """The tables that have a suite, in pipeline order (bronze, silver, gold)."""
-    layers = {"bronze": 0, "silver": 1, "gold": 2}
-    names = [path.stem for path in settings.expectations_dir.glob("*.json")]
-    return sorted(names, key=lambda name: (layers.get(name.split(".")[0], 9), name))
+    """The tables the registry validates, in pipeline order (bronze, silver, gold); each
+    must have its suite in ``expectations_dir``."""
+    names = [name for name, table in registry.TABLES.items() if table.suite]
+    if missing := [name for name in names
+                   if not (settings.expectations_dir / f"{name}.json").exists()]:
+        raise ConfigError(f"no expectation suite for {', '.join(missing)} in "
+                          f"{settings.expectations_dir}")
+    return names
 
 
 def load(settings: Settings, table: str, first: date | None = None, last: date | None = None,
@@ -72,12 +77,10 @@ def load(settings: Settings, table: str, first: date | None = None, last: date |
     if ranged:
         document["expectations"] = [e for e in document["expectations"]
                                     if e.get("meta", {}).get("scope") != "table"]
-    from spark_jobs.datasets import TABLES
-
-    if table not in TABLES:
+    if table not in registry.TABLES:
         raise ConfigError(f"{path} is a suite for {table}, which is not a table of the "
-                          f"lakehouse ({', '.join(TABLES)})")
+                          f"lakehouse ({', '.join(registry.TABLES)})")
     meta = document.setdefault("meta", {})
-    meta["grain"] = TABLES[table].grain
+    meta["grain"] = registry.TABLES[table].grain
     return Suite(table=table, grain=meta["grain"], date_column=meta["date_column"],
                  document=document)

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-QUERY_NAME = "silver_ad_campaigns"
 SOURCE = "campaign_file"
 
 SCHEMA = StructType([
@@ -40,9 +39,8 @@ SCHEMA = StructType([
     StructField("ingested_at", TimestampType(), False),
 ])
 
-TABLE = TableSpec("silver.ad_campaigns", SCHEMA,
-                  "one row per mapping version: ad_id, campaign_id, valid_from, valid_to "
-                  "(NULL while current)")
+TABLE = TableSpec.declared("silver.ad_campaigns", SCHEMA)
+QUERY_NAME = str(TABLE.stream)  # the stream this module starts
 
 
 def parse_mappings(lines: DataFrame) -> DataFrame:

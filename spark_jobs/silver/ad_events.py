@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-QUERY_NAME = "silver_ad_events"
 # The Delta table the stream reads: VACUUM of it keeps what the stream has yet to read.
 SOURCE_TABLE = bronze.TABLE
 
@@ -68,12 +67,8 @@ SCHEMA = StructType([
     StructField("ingested_at", TimestampType(), False),
 ])
 
-# Statistics on what queries and Z-order filter by; the event_id is random, so min/max
-# statistics on it would skip nothing. Z-ordered for "one ad over a week".
-TABLE = TableSpec("silver.ad_events", SCHEMA,
-                  "one row per distinct valid event_id, typed, partitioned by event_date (UTC)",
-                  partitioned_by=("event_date",), zorder_by=("ad_id",),
-                  stats_columns=("event_time", "event_type", "ad_id", "ingested_at"))
+TABLE = TableSpec.declared("silver.ad_events", SCHEMA)
+QUERY_NAME = str(TABLE.stream)  # the stream this module starts
 
 
 def accepted(validated: DataFrame) -> DataFrame:

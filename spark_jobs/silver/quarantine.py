@@ -28,11 +28,7 @@ SCHEMA = StructType([
     StructField("quarantined_at", TimestampType(), False),
 ])
 
-TABLE = TableSpec("silver.quarantine", SCHEMA,
-                  "one row per rejected record: raw text as in bronze, reason, detail, bronze "
-                  "metadata",
-                  partitioned_by=("ingest_date",),
-                  stats_columns=("reason", "ingested_at"))
+TABLE = TableSpec.declared("silver.quarantine", SCHEMA)
 
 
 def rejected(validated: DataFrame) -> DataFrame:

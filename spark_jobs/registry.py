@@ -1,0 +1,151 @@
+"""Every table of the lakehouse, declared once: the registry.
+
+A table is its entry here (name, grain, partitioning, layout, statistics columns, the
+stream that writes it, whether it has a suite) and its own module,
+``spark_jobs/<layer>/<table>.py``, which adds the schema (``TableSpec``), its transform and
+its stream. Whatever works over tables or streams takes them from here: the stream runner
+(which modules start which streams, layer by layer), maintenance, validation and its suites,
+the report, the Stream health page, the demo, ``lakehouse reset`` and the README's table of
+tables (``tests/test_registry.py`` keeps them in step).
+
+Plain Python, no PySpark: the Airflow API server and the DAG files read it too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from spark_jobs.config import Settings
+
+# What a table holds: the data the pipeline produces (validated, compacted and vacuumed),
+# what that data is checked against, or what the lakehouse records about itself.
+Kind = Literal["data", "reference", "ops"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Table:
+    name: str  # "layer.table", as SQL users query it; its module is spark_jobs.<layer>.<table>
+    kind: Kind
+    # One sentence: what one row is. The README's table of tables and the report's suite
+    # table show it.
+    grain: str
+    partitioned_by: tuple[str, ...] = ()
+    # The nightly OPTIMIZE's layout: Z-order by these columns, or plain bin-packing.
+    zorder_by: tuple[str, ...] = ()
+    # Columns Delta keeps min/max statistics for (file skipping, Z-order). Delta's default is
+    # the first 32 columns, which includes the raw text: collecting its statistics cost
+    # three times the validation itself on every write (measured by make bench).
+    stats_columns: tuple[str, ...] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    # The streaming query that writes the table. A stream is started by the module of the
+    # table it is named after (``silver_ad_events``: ``spark_jobs.silver.ad_events``), which
+    # may write other tables too (the quarantine).
+    stream: str | None = None
+    # The stream applies an event-time watermark: its progress rows carry it.
+    windowed: bool = False
+    # Validated by the suite ``<expectations_dir>/<name>.json``.
+    suite: bool = False
+
+    @property
+    def layer(self) -> str:
+        return self.name.split(".")[0]
+
+    @property
+    def module(self) -> str:
+        return f"spark_jobs.{self.name}"
+
+    @property
+    def relative_path(self) -> str:
+        return self.name.replace(".", "/")
+
+    def path(self, settings: Settings) -> str:
+        return settings.table_path(self.relative_path)
+
+    @property
+    def table_properties(self) -> dict[str, str]:
+        if not self.stats_columns:
+            return self.properties
+        return {"delta.dataSkippingStatsColumns": ",".join(self.stats_columns),
+                **self.properties}
+
+    def fields(self) -> dict[str, object]:
+        """The entry's values, to declare the same table with its schema (``TableSpec``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Table)}
+
+
+def _by_name(*tables: Table) -> dict[str, Table]:
+    return {table.name: table for table in tables}
+
+
+# In pipeline order: streams start, suites run and the README lists tables in this order.
+TABLES: dict[str, Table] = _by_name(
+    # Not Z-ordered: raw records are read whole, by ingestion date.
+    Table(name="bronze.ad_events", kind="data",
+          grain="one row per record received (non-blank line, or Kafka message), raw text "
+                "untouched, partitioned by ingest_date",
+          partitioned_by=("ingest_date",), stats_columns=("ingested_at",),
+          stream="bronze_ad_events", suite=True),
+    # Statistics on what queries and Z-order filter by; the event_id is random, so min/max
+    # statistics on it would skip nothing. Z-ordered for "one ad over a week".
+    Table(name="silver.ad_events", kind="data",
+          grain="one row per distinct valid event_id, typed, partitioned by event_date (UTC)",
+          partitioned_by=("event_date",), zorder_by=("ad_id",),
+          stats_columns=("event_time", "event_type", "ad_id", "ingested_at"),
+          stream="silver_ad_events", suite=True),
+    Table(name="silver.quarantine", kind="data",
+          grain="one row per rejected record: raw text as in bronze, reason, detail, bronze "
+                "metadata",
+          partitioned_by=("ingest_date",), stats_columns=("reason", "ingested_at"),
+          stream="silver_ad_events", suite=True),
+    Table(name="silver.ad_campaigns", kind="reference",
+          grain="one row per mapping version: ad_id, campaign_id, valid_from, valid_to "
+                "(NULL while current)",
+          stream="silver_ad_campaigns"),
+    # Z-ordered for "one campaign over one day".
+    Table(name="gold.campaign_stats", kind="data",
+          grain="one row per campaign and event-time window (window_duration, 1 minute by "
+                "default): views, clicks, purchases, revenue",
+          zorder_by=("campaign_id", "window_start"),
+          stream="gold_campaign_stats", windowed=True, suite=True),
+    Table(name="gold.ad_attribution", kind="data",
+          grain="one row per click matched to the latest view of the same user and ad at "
+                "most attribution_max_gap (1 hour by default) before it",
+          zorder_by=("ad_id", "click_time"),
+          stream="gold_ad_attribution", windowed=True, suite=True),
+    Table(name="ops.late_data", kind="reference",
+          grain="the late-data ledger: events that reached a layer after its watermark "
+                "closed their window, per layer, date, window and batch"),
+    Table(name="ops.gold_rebuilds", kind="ops",
+          grain="one row per event date and silver version a reprocess rebuilt "
+                "gold.campaign_stats from"),
+    Table(name="ops.maintenance_history", kind="ops",
+          grain="one row per table and maintenance operation: files and bytes before and "
+                "after, duration"),
+    Table(name="ops.stream_progress", kind="ops",
+          grain="one row per micro-batch of every stream: input records (bronze counts "
+                "lines, not the files it reads whole; a join counts silver once, not once "
+                "per side), rates in records per second, duration, watermark, state rows"),
+    Table(name="quality.results", kind="ops",
+          grain="one row per expectation evaluated in a validation run: suite, severity, "
+                "outcome, unexpected count, observed sample, dates, Data Docs page"),
+)
+
+
+def of_kind(kind: Kind) -> dict[str, Table]:
+    return {name: table for name, table in TABLES.items() if table.kind == kind}
+
+
+def streams() -> list[Table]:
+    """The table each stream is named after, in the order the streams start."""
+    return [table for table in TABLES.values()
+            if table.stream == table.name.replace(".", "_", 1)]
+
+
+def query_names() -> tuple[str, ...]:
+    return tuple(str(table.stream) for table in streams())
+
+
+LAYERS: tuple[str, ...] = tuple(dict.fromkeys(table.layer for table in streams()))
