@@ -1,26 +1,36 @@
-"""The one configuration of the lakehouse.
+"""The one configuration of the lakehouse: a typed :class:`Settings` (a pydantic model).
 
-Precedence, lowest first: the checked-in ``defaults.toml``, an optional file named by
-``LAKEHOUSE_CONFIG``, environment variables ``LAKEHOUSE_<KEY>``, then explicit overrides
-(CLI flags). Everything else receives a :class:`Settings`; nothing reads the environment.
+Precedence, lowest first: the packaged ``defaults.toml`` (every key, shipped in the wheel),
+an optional TOML file named by ``LAKEHOUSE_CONFIG``, environment variables
+``LAKEHOUSE_<KEY>``, then explicit overrides (CLI flags). :func:`load` is the one place that
+reads them; everything else receives a :class:`Settings` and nothing reads the environment.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import re
 import sys
 import tomllib
-import typing
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+)
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 # The folders the project ships beside its code, and the package each is installed as
@@ -29,8 +39,6 @@ BUNDLED_PACKAGES = {"dags": "lakehouse_dags", "plugins": "lakehouse_plugins",
                     "expectations": "lakehouse_expectations"}
 # Where every server the project starts listens unless configured otherwise.
 LOOPBACK = "127.0.0.1"
-SOURCES = ("files", "kafka")
-STREAMING_MODES = ("continuous", "scheduled")
 _INTERVAL = re.compile(r"^\s*(\d+)\s*(ms|millisecond|second|minute|hour|day|s|m|h|d)s?\s*$")
 _UNIT_SECONDS = {
     "ms": 0.001, "millisecond": 0.001, "s": 1, "second": 1,
@@ -92,36 +100,65 @@ def parse_choices(text: str | None, choices: Sequence[str], what: str) -> list[s
     return names
 
 
-@dataclass(frozen=True)
-class Settings:
-    root: Path
-    source: str
+def _interval(text: str, info: ValidationInfo) -> str:
+    try:
+        interval_seconds(text)
+    except ConfigError as error:  # the message names the key, as every other one does
+        raise ConfigError(f"{info.field_name}: {error}") from None
+    return text
+
+
+def _folder(default: Callable[[], Path]) -> BeforeValidator:
+    """A folder setting: a path, or ``default()`` when empty."""
+    return BeforeValidator(lambda value: Path(str(value)).expanduser().resolve()
+                           if str(value) else default())
+
+
+def _items(value: Any) -> Any:
+    """A TOML list, or comma-separated text from the environment."""
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
+# Types of the settings. Pydantic parses integers, and booleans from text (1/true/yes/on,
+# 0/false/no/off in any case, and t/y/f/n); these add what the lakehouse checks beyond a type.
+Count = Annotated[int, Field(ge=1)]
+Interval = Annotated[str, AfterValidator(_interval)]
+
+
+# Strict as the hand-written loader was: no unknown keys, exact key names, a number is text
+# where text is expected; immutable (hashable, and no job changes what another reads).
+class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=True):
+    root: Annotated[Path, BeforeValidator(lambda value: _local_root(str(value)))]
+    source: Literal["files", "kafka"]
     kafka_bootstrap_servers: str
     kafka_topic: str
     spark_master: str
     spark_driver_host: str
     spark_java_options: str
-    shuffle_partitions: int
-    file_listing_parallelism: int
-    jars_dir: Path
-    trigger_interval: str
-    max_files_per_trigger: int
-    stall_trigger_intervals: int
-    streaming_mode: str
-    time_travel_window: str
-    vacuum_safety_margin: str
+    shuffle_partitions: Count
+    file_listing_parallelism: Count
+    jars_dir: Annotated[Path, _folder(lambda: default_jars_dir())]
+    trigger_interval: Interval
+    max_files_per_trigger: Count
+    stall_trigger_intervals: Count
+    streaming_mode: Literal["continuous", "scheduled"]
+    time_travel_window: Interval
+    vacuum_safety_margin: Interval
     streaming_schedule: str
-    future_tolerance: str
-    derive_missing_event_id: bool
-    extra_event_time_formats: tuple[str, ...]
-    watermark_delay: str
-    window_duration: str
-    attribution_max_gap: str
-    expectations_dir: Path
-    quality_source_quiet_after: str
-    quality_silver_max_lag: str
-    quality_report_days: int
-    reprocess_parallel_days: int
+    future_tolerance: Interval
+    # Stripped first, as the hand-written loader did: pydantic refuses " yes".
+    derive_missing_event_id: Annotated[
+        bool, BeforeValidator(lambda value: value.strip() if isinstance(value, str) else value)]
+    extra_event_time_formats: Annotated[tuple[str, ...], BeforeValidator(_items)]
+    watermark_delay: Interval
+    window_duration: Interval
+    attribution_max_gap: Interval
+    expectations_dir: Annotated[Path, _folder(lambda: bundled("expectations"))]
+    quality_source_quiet_after: Interval
+    quality_silver_max_lag: Interval
+    quality_report_days: Count
+    reprocess_parallel_days: Count
 
     # Layout of the root: one place, so every job and test agrees on it.
     @property
@@ -155,82 +192,65 @@ class Settings:
         return str(self.checkpoints_dir / query_name)
 
     def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
-
-
-def _coerce(key: str, value: Any, kind: type) -> Any:
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{key} must be true or false, not {value!r}")
-    if kind is tuple:  # a TOML list, or comma-separated text from the environment
-        items = value.split(",") if isinstance(value, str) else value
-        return tuple(str(item).strip() for item in items if str(item).strip())
-    if kind is int:
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{key} must be an integer, not {value!r}") from None
-    return str(value)
-
-
-def _field_types() -> dict[str, type]:
-    """Each setting's kind, from the dataclass's own type hints: a bool, an int, a tuple of
-    strings, or text (paths are text until ``_validated`` resolves them)."""
-    hints = typing.get_type_hints(Settings)
-    kinds = {name: typing.get_origin(hint) or hint for name, hint in hints.items()}
-    return {name: kind if kind in (bool, int, tuple) else str for name, kind in kinds.items()}
+        """A copy with ``changes``, validated as a loaded one is."""
+        return _checked(lambda: Settings(**(dict(self) | changes)))
 
 
 def load(overrides: Mapping[str, Any] | None = None,
          environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from defaults, ``LAKEHOUSE_CONFIG``, ``LAKEHOUSE_*`` and ``overrides``."""
     environ = os.environ if environ is None else environ
-    types = _field_types()
-    values: dict[str, Any] = tomllib.loads(
-        resources.files("spark_jobs").joinpath("defaults.toml").read_text("utf-8"))
+    values = _toml(resources.files("spark_jobs").joinpath("defaults.toml").read_text("utf-8"),
+                   "the packaged defaults.toml")
     if extra := environ.get("LAKEHOUSE_CONFIG"):
         try:
-            values.update(tomllib.loads(Path(extra).read_text("utf-8")))
-        except (OSError, tomllib.TOMLDecodeError) as error:
+            text = Path(extra).expanduser().read_text("utf-8")
+        except OSError as error:
             raise ConfigError(f"cannot read LAKEHOUSE_CONFIG={extra}: {error}") from None
-    unknown = set(values) - set(types)
+        values |= _toml(text, f"LAKEHOUSE_CONFIG={extra}")
+    values |= {key: value for key in Settings.model_fields
+               if (value := environ.get(f"LAKEHOUSE_{key.upper()}")) is not None}
+    values |= {key: value for key, value in (overrides or {}).items() if value is not None}
+    return _checked(lambda: Settings(**values))
+
+
+def _toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"cannot read {source}: {error}") from None
+
+
+def _checked(build: Callable[[], Settings]) -> Settings:
+    """``build()``, its validation errors as one :class:`ConfigError` line naming each key."""
+    try:
+        return build()
+    except ValidationError as invalid:
+        errors = invalid.errors()
+    unknown = [str(error["loc"][0]) for error in errors if error["type"] == "extra_forbidden"]
     if unknown:
         raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
-    for key in types:
-        if (env_value := environ.get(f"LAKEHOUSE_{key.upper()}")) is not None:
-            values[key] = env_value
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    typed = {key: _coerce(key, values[key], kind) for key, kind in types.items()}
-    return _validated(typed)
+    raise ConfigError("; ".join(_reason(error) for error in errors))
 
 
-def _validated(values: dict[str, Any]) -> Settings:
-    if values["source"] not in SOURCES:
-        raise ConfigError(f"source must be one of {', '.join(SOURCES)}, not {values['source']!r}")
-    if values["streaming_mode"] not in STREAMING_MODES:
-        raise ConfigError(f"streaming_mode must be one of {', '.join(STREAMING_MODES)}, "
-                          f"not {values['streaming_mode']!r}")
-    for key in ("shuffle_partitions", "file_listing_parallelism", "max_files_per_trigger",
-                "stall_trigger_intervals", "quality_report_days", "reprocess_parallel_days"):
-        if values[key] < 1:
-            raise ConfigError(f"{key} must be at least 1, not {values[key]}")
-    for key in ("trigger_interval", "future_tolerance", "watermark_delay",
-                "window_duration", "attribution_max_gap", "time_travel_window",
-                "vacuum_safety_margin", "quality_source_quiet_after", "quality_silver_max_lag"):
-        interval_seconds(values[key])
-    values["root"] = _local_root(values["root"])
-    values["jars_dir"] = (Path(values["jars_dir"]).expanduser().resolve() if values["jars_dir"]
-                          else default_jars_dir())
-    values["expectations_dir"] = (Path(values["expectations_dir"]).expanduser().resolve()
-                                  if values["expectations_dir"]
-                                  else bundled("expectations"))
-    return Settings(**values)
+# What a failed check means, for the types the settings use; any other says pydantic's words.
+_REASONS = {
+    "int_parsing": "must be an integer", "int_from_float": "must be an integer",
+    "int_type": "must be an integer", "greater_than_equal": "must be at least {ge}",
+    "bool_parsing": "must be true or false", "bool_type": "must be true or false",
+    "literal_error": "must be one of {expected}",
+}
+
+
+def _reason(error: ErrorDetails) -> str:
+    key = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "value_error":  # a ConfigError of this module, naming the key
+        return str(error["ctx"]["error"])
+    if error["type"] == "missing":
+        return f"{key} is not set"
+    reason = (_REASONS[error["type"]].format(**error.get("ctx", {}))
+              if error["type"] in _REASONS else error["msg"])
+    return f"{key} {reason}, not {error['input']!r}"
 
 
 def _local_root(text: str) -> Path:

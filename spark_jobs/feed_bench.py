@@ -150,8 +150,8 @@ def trial(spark: SparkSession, settings: Settings, scratch: Path, rate: int,
     # A root of its own: a stopped query's background work (RocksDB's snapshot upload)
     # can still write into its checkpoint after the stop, which a reused root would then
     # hold on the next trial's batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY).
-    settings = dataclasses.replace(
-        settings, root=settings.root.with_name(f"{settings.root.name}-{uuid.uuid4().hex[:8]}"))
+    settings = settings.replace(
+        root=settings.root.with_name(f"{settings.root.name}-{uuid.uuid4().hex[:8]}"))
     shutil.rmtree(settings.root, ignore_errors=True)
     settings.landing_campaigns.mkdir(parents=True)
     for mapping in pool.campaigns:

@@ -71,12 +71,31 @@ def test_a_root_is_a_local_folder_or_a_file_uri(tmp_path: Path) -> None:
     ({"LAKEHOUSE_SOURCE": "ftp"}, "source must be one of"),
     ({"LAKEHOUSE_SHUFFLE_PARTITIONS": "many"}, "must be an integer"),
     ({"LAKEHOUSE_SHUFFLE_PARTITIONS": "0"}, "at least 1"),
-    ({"LAKEHOUSE_TRIGGER_INTERVAL": "soon"}, "not an interval"),
+    ({"LAKEHOUSE_TRIGGER_INTERVAL": "soon"}, "trigger_interval: not an interval"),
     ({"LAKEHOUSE_DERIVE_MISSING_EVENT_ID": "maybe"}, "true or false"),
 ])
 def test_bad_values_are_refused_with_a_clear_message(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config.load(environ=env)
+
+
+def test_lists_unknown_keys_and_copies_are_checked(tmp_path: Path) -> None:
+    extra = tmp_path / "lake.toml"
+    extra.write_text('extra_event_time_formats = ["yyyy-MM-dd HH:mm:ss"]\n')
+    settings = config.load(environ={"LAKEHOUSE_CONFIG": str(extra)})
+    assert settings.extra_event_time_formats == ("yyyy-MM-dd HH:mm:ss",)
+    # From the environment, comma-separated text.
+    assert config.load(environ={"LAKEHOUSE_EXTRA_EVENT_TIME_FORMATS": "a, b,"}
+                       ).extra_event_time_formats == ("a", "b")
+    extra.write_text('windw = "1s"\n')
+    with pytest.raises(ConfigError, match="unknown configuration keys: windw"):
+        config.load(environ={"LAKEHOUSE_CONFIG": str(extra)})
+    with pytest.raises(ConfigError, match="cannot read LAKEHOUSE_CONFIG"):
+        config.load(environ={"LAKEHOUSE_CONFIG": str(tmp_path / "missing.toml")})
+    # A copy is validated as a loaded one is, and stays hashable.
+    with pytest.raises(ConfigError, match="source must be one of"):
+        settings.replace(source="ftp")
+    assert hash(settings.replace(window_duration="10 seconds")) != hash(settings)
 
 
 @pytest.mark.parametrize(("text", "seconds", "spark_form"), [
