@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ from spark_jobs.config import ConfigError, Settings, interval_seconds, parse_cho
 from spark_jobs.demo import DEMO_TRIGGER
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from spark_jobs.reprocess import Request
 
 log = logging.getLogger("lakehouse")
 
@@ -211,11 +211,30 @@ def cmd_chaos(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
-    from spark_jobs import checkpoints, reasons, reprocess
+    """Rebuild what the arguments ask (``reprocess.run``) and print what changed."""
+    from spark_jobs import reprocess
+    from spark_jobs.session import spark_session_on_demand
+
+    request = _reprocess_request(args)
+    # Started on first use: a gold rebuild handed to the running stream driver, or a ledger
+    # with nothing to repair, needs no Spark here at all.
+    with (progress.steps(progress.wanted(args.json)) as steps,
+          spark_session_on_demand(settings, "lakehouse-reprocess") as spark):
+        result = reprocess.run(spark, settings, request, steps)
+    for note in result.notes:
+        print(note, file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.as_json(), indent=2))
+    elif result.changes:
+        print(result.render())
+    return 0
+
+
+def _reprocess_request(args: argparse.Namespace) -> Request:
+    """The ``reprocess`` arguments as a request; a combination it cannot carry out is a
+    UsageError."""
+    from spark_jobs import reasons, reprocess
     from spark_jobs.dates import DateRange, DateRangeError
-    from spark_jobs.gold import writer as gold_writer
-    from spark_jobs.session import build_spark
-    from spark_jobs.silver.validation import Rules
 
     ranged = args.first is not None or args.last is not None
     # --late may follow a range: a nightly run rebuilds its day, then the ledger's dates.
@@ -234,63 +253,8 @@ def cmd_reprocess(settings: Settings, args: argparse.Namespace) -> int:
         days = DateRange.parse(args.first, args.last) if ranged else None
     except (reprocess.ReprocessError, DateRangeError) as error:
         raise UsageError(str(error)) from None
-    # A layer under reset is emptied and replayed: a rebuild beside it would place records
-    # the replay places too.
-    checkpoints.refuse_if_reset_unfinished(settings, ("silver", "gold"))
-
-    # Started on first use: a gold rebuild handed to the running stream driver, or a ledger
-    # with nothing to repair, needs no Spark here at all.
-    started: list[SparkSession] = []
-
-    def spark() -> SparkSession:
-        if not started:
-            started.append(build_spark(settings, app_name="lakehouse-reprocess"))
-        return started[0]
-
-    rules = Rules.from_settings(settings)
-    changes: list[reprocess.Change] = []
-    with progress.steps(progress.wanted(args.json)) as steps:
-        try:
-            if days is not None:
-                if "silver" in layers:
-                    steps.start(f"silver rebuild of {days}")
-                    changes += reprocess.rebuild_silver(spark(), settings, days, rules,
-                                                        args.dry_run)
-                if "gold" in layers:
-                    steps.start(f"gold rebuild of {days}")
-                    changes += gold_writer.rebuild(spark, settings, days, args.dry_run)
-            elif args.quarantine:
-                steps.start("quarantine replay")
-                replay = reprocess.replay_quarantine(spark(), settings, rules, args.reason,
-                                                     args.dry_run)
-                changes += replay
-                recovered_dates = sorted(replay[0].rows_after)
-                if "gold" in layers and recovered_dates and not args.dry_run:
-                    changes += gold_writer.rebuild(spark, settings, DateRange(
-                        date.fromisoformat(recovered_dates[0]),
-                        date.fromisoformat(recovered_dates[-1])), False)
-            if args.late:  # after the range: a date it rebuilt in gold is repaired already
-                late_dates = [day for day in reprocess.unrepaired_late_dates(settings)
-                              if days is None or "gold" not in layers
-                              or not days.first <= day <= days.last]  # (a dry run's range)
-                if late_dates:
-                    steps.start("gold rebuild of late dates", len(late_dates))
-                else:
-                    print("the late-data ledger has no other unrepaired dates", file=sys.stderr)
-                for day in late_dates:
-                    steps.advance(0, str(day))
-                    changes += gold_writer.rebuild(spark, settings, DateRange(day, day),
-                                                   args.dry_run)
-                    steps.advance()
-        finally:
-            for session in started:
-                session.stop()
-    if args.json:
-        print(json.dumps({"dry_run": args.dry_run,
-                          "changes": [change.as_json() for change in changes]}, indent=2))
-    elif changes:
-        print(reprocess.render(changes, args.dry_run))
-    return 0
+    return reprocess.Request(tuple(layers), days, quarantine=args.quarantine,
+                             reason=args.reason, late=args.late, dry_run=args.dry_run)
 
 
 def cmd_maintain(settings: Settings, args: argparse.Namespace) -> int:

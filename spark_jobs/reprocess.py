@@ -11,28 +11,33 @@ Live streams and a reprocess get along: a conflicting commit is retried on both 
 rebuild runs where gold's one writer is, inside the driver of a live gold stream and never
 beside one of its micro-batches (``gold.writer``); and the gold stream does not add again
 what a gold rebuild already counted (``ops.gold_rebuilds``).
+
+``run`` carries out a :class:`Request` (what ``lakehouse reprocess`` is asked); each gold
+table rebuilds itself (its module's ``rebuild``), and this module orders them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from spark_jobs import delta_reader
+from spark_jobs import checkpoints, delta_reader
 from spark_jobs.bronze import ad_events as bronze
-from spark_jobs.config import Settings, interval_seconds, parse_choices
+from spark_jobs.config import Settings, parse_choices
 from spark_jobs.dates import DateRange
 from spark_jobs.delta_writes import fully_read_before, retry_on_conflict
 from spark_jobs.gold import ad_attribution, campaign_stats
+from spark_jobs.gold import writer as gold_writer
 from spark_jobs.ops import gold_rebuilds, late_data
-from spark_jobs.silver import ad_campaigns, quarantine
+from spark_jobs.progress import SILENT, Steps
+from spark_jobs.range_rebuild import Change, read_current, replace_range, rows_per_date
 from spark_jobs.silver import ad_events as silver
+from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
 from spark_jobs.tables import TableSpec, ensure_table
 
@@ -48,39 +53,114 @@ class ReprocessError(ValueError):
     """A request that cannot be carried out; the message is meant for the user."""
 
 
+@dataclass(frozen=True)
+class Request:
+    """What one reprocess is asked to do (``lakehouse reprocess``'s arguments, checked)."""
+
+    layers: tuple[str, ...] = LAYERS
+    days: DateRange | None = None  # the event dates to rebuild, when a range is asked
+    quarantine: bool = False  # instead: replay quarantine, then gold over what it moved
+    reason: str | None = None  # with ``quarantine``: only the records held for this reason
+    late: bool = False  # then rebuild gold for the dates the late-data ledger lists
+    dry_run: bool = False
+
+
 @dataclass
-class Change:
-    """What a rebuild did (or, in a dry run, would do) to one table."""
+class Result:
+    """What a reprocess did (or, in a dry run, would do), and notes for the user."""
 
-    table: str
-    rows_before: dict[str, int] = field(default_factory=dict)  # per event date
-    rows_after: dict[str, int] = field(default_factory=dict)
-    written: bool = False
-    note: str = ""
-
-    @property
-    def changed_dates(self) -> list[str]:
-        return sorted(day for day in self.rows_before.keys() | self.rows_after.keys()
-                      if self.rows_before.get(day) != self.rows_after.get(day))
+    dry_run: bool
+    changes: list[Change] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, object]:
-        return {"table": self.table, "written": self.written, "note": self.note,
-                "rows_before": self.rows_before, "rows_after": self.rows_after}
+        """The changes as JSON-ready values (the notes are not results)."""
+        return {"dry_run": self.dry_run,
+                "changes": [change.as_json() for change in self.changes]}
+
+    def render(self) -> str:
+        """The changes as text, a table then its dates' row counts."""
+        lines = ["DRY RUN: nothing written" if self.dry_run else "reprocessed"]
+        for change in self.changes:
+            lines.append(f"{change.table}: {change.note}")
+            for day in sorted(change.rows_before.keys() | change.rows_after.keys()):
+                before, after = change.rows_before.get(day, 0), change.rows_after.get(day, 0)
+                if change.rows_before or before != after:
+                    lines.append(f"  {day}  {before:>8} -> {after:>8} rows")
+                else:
+                    lines.append(f"  {day}  {after:>8} rows")
+        return "\n".join(lines)
 
 
-def _rows_per_date(frame: DataFrame, date_column: Column) -> dict[str, int]:
-    return {row.day.isoformat(): row.n for row in
-            frame.groupBy(date_column.alias("day")).agg(F.count("*").alias("n")).collect()}
+def run(spark: Callable[[], SparkSession], settings: Settings, request: Request,
+        steps: Steps = SILENT) -> Result:
+    """Carry out ``request``: its range rebuilt, or quarantine replayed, then the ledger's
+    dates; ``spark`` starts this process's session when first called."""
+    # A layer under reset is emptied and replayed: a rebuild beside it would place records
+    # the replay places too.
+    checkpoints.refuse_if_reset_unfinished(settings, LAYERS)
+    rules = Rules.from_settings(settings)
+    result = Result(request.dry_run)
+    if request.days is not None:
+        result.changes += _rebuild_range(spark, settings, request.days, request, rules, steps)
+    elif request.quarantine:
+        result.changes += _replay_then_gold(spark, settings, request, rules, steps)
+    if request.late:  # after the range: a date it rebuilt in gold is repaired already
+        result.changes += _rebuild_late_dates(spark, settings, request, steps, result.notes)
+    return result
 
 
-def _same_rows(left: DataFrame, right: DataFrame) -> bool:
-    return (left.exceptAll(right).limit(1).count() == 0
-            and right.exceptAll(left).limit(1).count() == 0)
+def _rebuild_range(spark: Callable[[], SparkSession], settings: Settings, days: DateRange,
+                   request: Request, rules: Rules, steps: Steps) -> list[Change]:
+    """``days`` rebuilt in each layer the request names, silver first."""
+    changes: list[Change] = []
+    if "silver" in request.layers:
+        steps.start(f"silver rebuild of {days}")
+        changes += rebuild_silver(spark(), settings, days, rules, request.dry_run)
+    if "gold" in request.layers:
+        steps.start(f"gold rebuild of {days}")
+        changes += gold_writer.rebuild(spark, settings, days, request.dry_run)
+    return changes
 
 
-def _read(spark: SparkSession, settings: Settings, spec: TableSpec) -> DataFrame:
-    ensure_table(spark, settings, spec)
-    return spark.read.format("delta").load(spec.path(settings))
+def _replay_then_gold(spark: Callable[[], SparkSession], settings: Settings,
+                      request: Request, rules: Rules, steps: Steps) -> list[Change]:
+    """Quarantine replayed; then, when it wrote, gold rebuilt over the dates it moved
+    records into."""
+    steps.start("quarantine replay")
+    [replay] = replay_quarantine(spark(), settings, rules, request.reason, request.dry_run)
+    recovered = _spanned(replay.rows_after)  # the records that now pass, per event date
+    if "gold" not in request.layers or recovered is None or request.dry_run:
+        return [replay]
+    return [replay, *gold_writer.rebuild(spark, settings, recovered, False)]
+
+
+def _spanned(days: Iterable[str]) -> DateRange | None:
+    """The range from the earliest to the latest of ISO ``days``; None when there is none."""
+    ordered = sorted(days)
+    if not ordered:
+        return None
+    return DateRange(date.fromisoformat(ordered[0]), date.fromisoformat(ordered[-1]))
+
+
+def _rebuild_late_dates(spark: Callable[[], SparkSession], settings: Settings,
+                        request: Request, steps: Steps, notes: list[str]) -> list[Change]:
+    """Gold rebuilt, a date at a time, for each date the late-data ledger lists as not
+    repaired, but those the request's range rebuilt in gold."""
+    days = request.days
+    late_dates = [day for day in late_data.unrepaired_dates(settings)
+                  if days is None or "gold" not in request.layers
+                  or not days.first <= day <= days.last]  # (a dry run's range)
+    if late_dates:
+        steps.start("gold rebuild of late dates", len(late_dates))
+    else:
+        notes.append("the late-data ledger has no other unrepaired dates")
+    changes: list[Change] = []
+    for day in late_dates:
+        steps.advance(0, str(day))
+        changes += gold_writer.rebuild(spark, settings, DateRange(day, day), request.dry_run)
+        steps.advance()
+    return changes
 
 
 def _version(spark: SparkSession, settings: Settings, spec: TableSpec) -> int:
@@ -99,32 +179,6 @@ def _read_pinned(spark: SparkSession, settings: Settings, spec: TableSpec,
     rows = (spark.read.format("delta").option("versionAsOf", max(version, 0))
             .load(spec.path(settings)))
     return (rows if version >= 0 else rows.limit(0)), version
-
-
-def _replace_range(spark: SparkSession, settings: Settings, spec: TableSpec, rows: DataFrame,
-                   predicate: str, change: Change, dry_run: bool,
-                   before_write: Callable[[], None] = lambda: None,
-                   counted_at_one_version: bool = True) -> None:
-    """Replace the rows matching ``predicate`` with ``rows`` in one commit, unless equal.
-
-    ``counted_at_one_version``: the change's counts before and after saw the same version
-    of the table (gold's, under its one writer, always do)."""
-    current = _read(spark, settings, spec).where(predicate)
-    rows = rows.select(*spec.schema.fieldNames())
-    # Counts that differ on a date already say the rows differ; the exact comparison, which
-    # costs more than computing the rows, only runs when every date's count is the same,
-    # or when a commit between the two counts may be all that made them differ.
-    differs = bool(change.changed_dates) and counted_at_one_version
-    if not differs and _same_rows(current, rows):
-        change.note = "unchanged"
-        return
-    if dry_run:
-        change.note = "would be replaced"
-        return
-    before_write()
-    (rows.write.format("delta").mode("overwrite")
-        .option("replaceWhere", predicate).save(spec.path(settings)))
-    change.written, change.note = True, "replaced"
 
 
 # -- silver ----------------------------------------------------------------------------
@@ -176,7 +230,7 @@ def earliest_ingestion(spark: SparkSession, settings: Settings, days: DateRange,
     """
     by_rules = (datetime.combine(days.first, datetime.min.time())
                 - timedelta(seconds=rules.future_tolerance_seconds)).date()
-    held = (_read(spark, settings, silver.TABLE).where(days.holds("event_date"))
+    held = (read_current(spark, settings, silver.TABLE).where(days.holds("event_date"))
             .agg(F.min(F.to_date("ingested_at")).alias("earliest")).first().earliest)
     return by_rules if held is None else min(by_rules, held)
 
@@ -184,7 +238,7 @@ def earliest_ingestion(spark: SparkSession, settings: Settings, days: DateRange,
 def _rebuild_silver_from(spark: SparkSession, settings: Settings, days: DateRange,
                          bronze_rows: DataFrame, validated: DataFrame, dry_run: bool
                          ) -> list[Change]:
-    current = _read(spark, settings, silver.TABLE).where(days.holds("event_date"))
+    current = read_current(spark, settings, silver.TABLE).where(days.holds("event_date"))
     # Rows the live silver stream added from bronze records newer than this snapshot stay;
     # the first delivery over all history wins, which keeps dedup exact across the range's
     # boundaries.
@@ -197,11 +251,11 @@ def _rebuild_silver_from(spark: SparkSession, settings: Settings, days: DateRang
     try:
         events = silver.first_deliveries(fresh.unionByName(arrived_since))
         counted_at = _version(spark, settings, silver.TABLE)
-        silver_change = Change(silver.TABLE.name, _rows_per_date(current, F.col("event_date")),
-                               _rows_per_date(events, F.col("event_date")))
+        silver_change = Change(silver.TABLE.name, rows_per_date(current, F.col("event_date")),
+                               rows_per_date(events, F.col("event_date")))
         one_version = _version(spark, settings, silver.TABLE) == counted_at
 
-        quarantined = _read(spark, settings, quarantine.TABLE).select("bronze_id")
+        quarantined = read_current(spark, settings, quarantine.TABLE).select("bronze_id")
         passing_now = validated.where(F.col("reason").isNull()).select("bronze_id").join(
             quarantined, "bronze_id")
         failing_now = quarantine.rejected(validated).join(quarantined, "bronze_id", "left_anti")
@@ -210,9 +264,9 @@ def _rebuild_silver_from(spark: SparkSession, settings: Settings, days: DateRang
                                    note=f"{released} records now pass and leave quarantine, "
                                         f"{newly_rejected} now fail and enter it")
 
-        _replace_range(spark, settings, silver.TABLE, events,
-                       days.date_predicate("event_date"),
-                       silver_change, dry_run, counted_at_one_version=one_version)
+        replace_range(spark, settings, silver.TABLE, events,
+                      days.date_predicate("event_date"),
+                      silver_change, dry_run, counted_at_one_version=one_version)
     finally:
         fresh.unpersist()
     if not dry_run and (released or newly_rejected):
@@ -240,7 +294,7 @@ def replay_quarantine(spark: SparkSession, settings: Settings, rules: Rules,
     is its first delivery) and the delete from quarantine are three commits. Each is
     idempotent, so a replay interrupted between them is completed by running it again
     (the audit shows such records as accounted twice until then)."""
-    held = _read(spark, settings, quarantine.TABLE)
+    held = read_current(spark, settings, quarantine.TABLE)
     if reason:
         held = held.where(F.col("reason") == reason)
     revalidated = validate(held.select(*bronze.SCHEMA.fieldNames()), rules).persist()
@@ -250,7 +304,7 @@ def replay_quarantine(spark: SparkSession, settings: Settings, rules: Rules,
                      held.join(passing.select("bronze_id"), "bronze_id")
                      .groupBy("reason").agg(F.count("*").alias("n")).collect()}
         change = Change(quarantine.TABLE.name,
-                        rows_after=_rows_per_date(passing, F.col("event_date")),
+                        rows_after=rows_per_date(passing, F.col("event_date")),
                         note=f"records that now pass, by former reason: {by_reason or 'none'}")
         if by_reason and not dry_run:
             def write() -> None:
@@ -272,104 +326,36 @@ def replay_quarantine(spark: SparkSession, settings: Settings, rules: Rules,
 
 def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_run: bool
                  ) -> list[Change]:
-    """Gold's windows and clicks of ``days`` recomputed from silver; the late-data ledger's
-    entries for those dates marked repaired."""
+    """Gold's windows and clicks of ``days`` recomputed from one snapshot of silver; the
+    late-data ledger's entries for those dates marked repaired."""
+    # Before silver is read: a ledger entry recorded earlier is of an event the snapshot
+    # holds, which the rebuild counts.
+    started = datetime.now(UTC).replace(tzinfo=None)
+    events, version = _read_pinned(spark, settings, silver.TABLE)
 
-    changes: list[Change] = []
-    computed: list[DataFrame] = []  # kept in memory for one attempt
+    def record_rebuild() -> None:
+        ensure_table(spark, settings, gold_rebuilds.TABLE)
+        gold_rebuilds.record(spark, settings, days.days, version)
 
-    def forget_computed() -> None:
-        for frame in computed:
-            frame.unpersist()
-        computed.clear()
-
-    def write() -> None:
-        changes.clear()
-        forget_computed()  # a failed attempt's
-        started = datetime.now(UTC).replace(tzinfo=None)
-        events, version = _read_pinned(spark, settings, silver.TABLE)
-        mapping = _read(spark, settings, ad_campaigns.TABLE)
-
-        # Computed from a pinned version of silver, so they can be kept in memory for the
-        # counts, the comparison and the write alike.
-        stats = campaign_stats.campaign_stats(events.where(days.holds("event_date")), mapping,
-                                              settings.window_duration).persist()
-        computed.append(stats)
-        stats_change = Change(campaign_stats.TABLE.name,
-                              _rows_per_date(_read(spark, settings, campaign_stats.TABLE)
-                                             .where(days.predicate("window_start")),
-                                             F.to_date("window_start")),
-                              _rows_per_date(stats, F.to_date("window_start")))
-
-        def record_rebuild() -> None:
-            ensure_table(spark, settings, gold_rebuilds.TABLE)
-            gold_rebuilds.record(spark, settings, days.days, version)
-
-        _replace_range(spark, settings, campaign_stats.TABLE, stats,
-                       days.predicate("window_start"), stats_change, dry_run, record_rebuild)
-
-        # A click's view may be up to the gap earlier, on the day before the range.
-        gap = timedelta(seconds=interval_seconds(settings.attribution_max_gap))
-        earliest = (datetime.combine(days.first, datetime.min.time()) - gap).date()
-        attributions = (ad_attribution.ad_attribution(
-            events.where(F.col("event_date").between(F.lit(earliest), F.lit(days.last))),
-            settings.attribution_max_gap).where(days.holds("click_date"))).persist()
-        computed.append(attributions)
-        attribution_change = Change(ad_attribution.TABLE.name,
-                                    _rows_per_date(_read(spark, settings, ad_attribution.TABLE)
-                                                   .where(days.holds("click_date")),
-                                                   F.col("click_date")),
-                                    _rows_per_date(attributions, F.col("click_date")))
-        _replace_range(spark, settings, ad_attribution.TABLE, attributions,
-                       days.date_predicate("click_date"),
-                       attribution_change, dry_run)
-        changes.extend([stats_change, attribution_change,
-                        _mark_repaired(spark, settings, days, started, dry_run)])
-
-    try:
-        retry_on_conflict(write, f"gold rebuild of {days}")
-    finally:
-        forget_computed()
-    return changes
-
-
-def _mark_repaired(spark: SparkSession, settings: Settings, days: DateRange,
-                   rebuild_started: datetime, dry_run: bool) -> Change:
-    """Ledger entries recorded before the rebuild read silver are covered by it; later
-    ones are events it did not see, and stay open."""
-    from delta.tables import DeltaTable
-
-    open_entries = (F.col("repaired_at").isNull() & days.holds("event_date")
-                    & (F.col("recorded_at") < F.lit(rebuild_started)))
-    ledger = _read(spark, settings, late_data.TABLE)
-    repaired = _rows_per_date(ledger.where(open_entries), F.col("event_date"))
-    change = Change(late_data.TABLE.name, rows_after=repaired,
-                    note=f"{sum(repaired.values())} ledger entries marked repaired")
-    if repaired and not dry_run:
-        (DeltaTable.forPath(spark, late_data.TABLE.path(settings))
-            .update(open_entries, {"repaired_at": F.current_timestamp()}))
-        change.written = True
-    return change
-
-
-def unrepaired_late_dates(settings: Settings) -> list[date]:
-    """The event dates the late-data ledger lists as not repaired yet (read without Spark)."""
-    rows = delta_reader.read_rows(late_data.TABLE.path(settings), ["event_date", "repaired_at"])
-    return sorted({row["event_date"] for row in rows if row["repaired_at"] is None})
+    # A retry per table's commit, each from the snapshot pinned above, so that every commit
+    # stands for silver at ``version`` however often one was retried. The record of the
+    # rebuild is the windows' ``before_write``, inside their retry: a gold batch drops the
+    # events a rebuilt date held at the recorded version, so the record must name the
+    # version the windows were counted from, and precede their replace. The gold batches
+    # wait for all three commits, not for each (``gold.writer``).
+    what = f"gold rebuild of {days}"
+    return [
+        retry_on_conflict(lambda: campaign_stats.rebuild(spark, settings, events, days,
+                                                         dry_run, record_rebuild),
+                          f"{what}: {campaign_stats.TABLE.name}"),
+        retry_on_conflict(lambda: ad_attribution.rebuild(spark, settings, events, days,
+                                                         dry_run),
+                          f"{what}: {ad_attribution.TABLE.name}"),
+        retry_on_conflict(lambda: late_data.repair(spark, settings, days, started, dry_run),
+                          f"{what}: {late_data.TABLE.name}"),
+    ]
 
 
 def parse_layers(text: str | None) -> list[str]:
+    """The layers named in ``text`` (comma-separated; all when empty)."""
     return parse_choices(text, LAYERS, "layer(s)")
-
-
-def render(changes: list[Change], dry_run: bool) -> str:
-    lines = ["DRY RUN: nothing written" if dry_run else "reprocessed"]
-    for change in changes:
-        lines.append(f"{change.table}: {change.note}")
-        for day in sorted(change.rows_before.keys() | change.rows_after.keys()):
-            before, after = change.rows_before.get(day, 0), change.rows_after.get(day, 0)
-            if change.rows_before or before != after:
-                lines.append(f"  {day}  {before:>8} -> {after:>8} rows")
-            else:
-                lines.append(f"  {day}  {after:>8} rows")
-    return "\n".join(lines)

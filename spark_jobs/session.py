@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -80,11 +80,27 @@ def _driver_address(settings: Settings) -> dict[str, str]:
 def spark_session(settings: Settings, app_name: str = "lakehouse") -> Iterator[SparkSession]:
     """A session for one command: built as ``build_spark`` builds it, and stopped however
     the command ends."""
-    spark = build_spark(settings, app_name)
+    with spark_session_on_demand(settings, app_name) as spark:
+        yield spark()
+
+
+@contextmanager
+def spark_session_on_demand(settings: Settings, app_name: str = "lakehouse"
+                            ) -> Iterator[Callable[[], SparkSession]]:
+    """A session for a command that may need none: built on the first call of what this
+    yields, as ``build_spark`` builds it, and stopped however the command ends."""
+    started: list[SparkSession] = []
+
+    def spark() -> SparkSession:
+        if not started:
+            started.append(build_spark(settings, app_name))
+        return started[0]
+
     try:
         yield spark
     finally:
-        spark.stop()
+        for session in started:
+            session.stop()
 
 
 def build_spark(settings: Settings, app_name: str = "lakehouse",

@@ -13,6 +13,7 @@ in; a later micro-batch that finds a later view (it arrived out of order) replac
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from pyspark.sql import Window
@@ -26,16 +27,20 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs.config import Settings, spark_interval
+from spark_jobs.config import Settings, interval_seconds, spark_interval
 from spark_jobs.delta_writes import idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.gold import writer
 from spark_jobs.gold.campaign_stats import read_silver_stream
+from spark_jobs.range_rebuild import rebuild_range
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.tables import TableSpec, ensure_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
+
+    from spark_jobs.dates import DateRange
+    from spark_jobs.range_rebuild import Change
 
 # The Delta table the stream reads: VACUUM of it keeps what the stream has yet to read.
 SOURCE_TABLE = silver.TABLE
@@ -121,6 +126,20 @@ def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int,
             upsert(spark, settings, attributions)
         finally:
             attributions.unpersist()
+
+
+def rebuild(spark: SparkSession, settings: Settings, events: DataFrame, days: DateRange,
+            dry_run: bool) -> Change:
+    """Replace the clicks of ``days`` with ``ad_attribution`` over ``events`` (silver at one
+    version) where they differ."""
+    # A click's view may be up to the gap earlier, on the day before the range.
+    gap = timedelta(seconds=interval_seconds(settings.attribution_max_gap))
+    earliest = (datetime.combine(days.first, datetime.min.time()) - gap).date()
+    attributions = ad_attribution(
+        events.where(F.col("event_date").between(F.lit(earliest), F.lit(days.last))),
+        settings.attribution_max_gap).where(days.holds("click_date"))
+    return rebuild_range(spark, settings, TABLE, attributions, days.holds("click_date"),
+                         F.col("click_date"), days.date_predicate("click_date"), dry_run)
 
 
 def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]

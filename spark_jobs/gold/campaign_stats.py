@@ -26,23 +26,24 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs.config import Settings, interval_seconds, spark_interval
-from spark_jobs.delta_writes import (
-    idempotent_append_options,
-    idempotent_dml,
-    start_exactly_once,
-    time_bounds,
-)
+from spark_jobs.config import Settings, spark_interval
+from spark_jobs.delta_writes import idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.faults import crash_point
 from spark_jobs.gold import watermark, writer
 from spark_jobs.ops import gold_rebuilds, late_data, stream_progress
+from spark_jobs.range_rebuild import read_current, rebuild_range
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.tables import TableSpec, ensure_table
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from collections.abc import Callable
+
+    from pyspark.sql import DataFrame, Row, SparkSession
     from pyspark.sql.streaming import StreamingQuery
+
+    from spark_jobs.dates import DateRange
+    from spark_jobs.range_rebuild import Change
 
 # The Delta table the stream reads: VACUUM of it keeps what the stream has yet to read.
 SOURCE_TABLE = silver.TABLE
@@ -111,10 +112,10 @@ def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int,
 
 def _process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int,
              settings: Settings) -> None:
-    delay = round(interval_seconds(settings.watermark_delay) * 1_000_000)
+    """One micro-batch: late events to the ledger, on-time ones added to their windows."""
     seen_before = watermark.latest_before(TABLE.path(settings), query_id, batch_id,
                                           settings.table_path(watermark.LEGACY_TABLE))
-    applied = None if seen_before is None else seen_before - delay
+    applied = watermark.applied(seen_before, settings.watermark_delay)
     if applied is not None:
         stream_progress.report_watermark(query_id, batch_id, watermark.naive_utc(applied))
     # Cached first, and only the columns read below: every step reads the micro-batch,
@@ -124,42 +125,56 @@ def _process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int
     try:
         events = gold_rebuilds.not_yet_counted(spark, settings, silver.TABLE.path(settings),
                                                rows)
-        closed = (F.lit(False) if applied is None
-                  else F.col("_window.end") <= F.timestamp_micros(F.lit(applied)))
-        # One pass tells what the batch needs: a ledger commit only if something is late
-        # (most batches, and all before a watermark, have nothing late: a commit that
-        # writes nothing costs a gold batch as much as one that does), a MERGE only if
-        # something is on time, over the windows it touches.
-        summary = (events.withColumn("_on_time_start", F.when(~closed, F.col("_window.start")))
-                   .agg(F.unix_micros(F.max("event_time")).alias("latest"),
-                        F.count_if(closed).alias("late"),
-                        *time_bounds("_on_time_start")).first())
+        late = watermark.closed(F.col("_window.end"), applied)
+        summary = _summarize(events, late)
         if summary.late:
-            (events.where(closed)
-                .groupBy("event_date", F.col("_window.start").alias("window_start"))
-                .agg(F.count("*").alias("late_rows"))
-                .select(F.lit(LAYER).alias("layer"), "event_date", "window_start",
-                        "late_rows", F.timestamp_micros(F.lit(applied)).alias("watermark"),
-                        F.lit(query_id).alias("query_id"),
-                        F.lit(batch_id).cast("long").alias("batch_id"),
-                        F.current_timestamp().alias("recorded_at"),
-                        F.lit(None).cast("timestamp").alias("repaired_at"))
-                .write.format("delta").mode("append")
-                .options(**idempotent_append_options(query_id, batch_id))
-                .save(late_data.TABLE.path(settings)))
+            late_events = events.where(late).withColumn("window_start", F.col("_window.start"))
+            late_data.append(settings, late_data.entries(late_events, LAYER, applied, query_id,
+                                                         batch_id), query_id, batch_id)
             crash_point("gold_campaign_stats.after_ledger")
-
         latest = max((t for t in (seen_before, summary.latest) if t is not None), default=None)
         if summary.first is not None:  # something on time
-            mapping = spark.read.format("delta").load(ad_campaigns.TABLE.path(settings))
-            stats = campaign_stats(events.where(~closed).drop("_window"), mapping,
-                                   settings.window_duration)
-            with (idempotent_dml(spark, query_id, batch_id),
-                  watermark.carried_by_commit(spark, query_id, batch_id, latest)):
-                add_to_windows(spark, settings, stats, (summary.first, summary.last))
+            _add_on_time(spark, settings, events.where(~late), (summary.first, summary.last),
+                         query_id, batch_id, latest)
         watermark.remember(TABLE.path(settings), query_id, batch_id, latest)
     finally:
         rows.unpersist()
+
+
+def _summarize(events: DataFrame, late: Column) -> Row:
+    """In one pass over the batch: its ``latest`` event time (microseconds), how many
+    events are ``late``, and the ``first`` and ``last`` window of those on time."""
+    # One pass tells what the batch needs: a ledger commit only if something is late
+    # (most batches, and all before a watermark, have nothing late: a commit that
+    # writes nothing costs a gold batch as much as one that does), a MERGE only if
+    # something is on time, over the windows it touches.
+    return (events.withColumn("_on_time_start", F.when(~late, F.col("_window.start")))
+            .agg(F.unix_micros(F.max("event_time")).alias("latest"),
+                 F.count_if(late).alias("late"),
+                 *time_bounds("_on_time_start")).first())
+
+
+def _add_on_time(spark: SparkSession, settings: Settings, on_time: DataFrame,
+                 windows: tuple[str, str], query_id: str, batch_id: int, latest: int) -> None:
+    """MERGE the on-time events' counts into ``windows``, once per batch, in a commit that
+    carries the latest event time up to this batch."""
+    mapping = spark.read.format("delta").load(ad_campaigns.TABLE.path(settings))
+    stats = campaign_stats(on_time.drop("_window"), mapping, settings.window_duration)
+    with (idempotent_dml(spark, query_id, batch_id),
+          watermark.carried_by_commit(spark, query_id, batch_id, latest)):
+        add_to_windows(spark, settings, stats, windows)
+
+
+def rebuild(spark: SparkSession, settings: Settings, events: DataFrame, days: DateRange,
+            dry_run: bool, before_write: Callable[[], None]) -> Change:
+    """Replace the windows of ``days`` with ``campaign_stats`` over ``events`` (silver at
+    one version) where they differ; ``before_write`` runs just before the replace commits."""
+    mapping = read_current(spark, settings, ad_campaigns.TABLE)
+    stats = campaign_stats(events.where(days.holds("event_date")), mapping,
+                           settings.window_duration)
+    in_days = days.predicate("window_start")
+    return rebuild_range(spark, settings, TABLE, stats, in_days, F.to_date("window_start"),
+                         in_days, dry_run, before_write)
 
 
 def read_silver_stream(spark: SparkSession, settings: Settings) -> DataFrame:

@@ -26,12 +26,15 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from pyspark.sql import functions as F
+
 from spark_jobs import delta_reader
+from spark_jobs.config import interval_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Column, SparkSession
 
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 # Newest commits first: the query's latest one is nearly always among them (a rebuild or an
@@ -110,6 +113,22 @@ def carried_by_commit(spark: SparkSession, query_id: str, batch_id: int,
         yield
     finally:
         spark.conf.unset(USER_METADATA)
+
+
+def applied(latest_before: int | None, delay: str) -> int | None:
+    """The watermark a batch applies: the latest event time of the earlier batches minus
+    ``delay``, in microseconds since the epoch; None before any event was seen."""
+    if latest_before is None:
+        return None
+    return latest_before - round(interval_seconds(delay) * 1_000_000)
+
+
+def closed(window_end: Column, watermark: int | None) -> Column:
+    """Whether an event is late: its window had ended by the applied ``watermark`` (none
+    is, before the first watermark)."""
+    if watermark is None:
+        return F.lit(False)
+    return window_end <= F.timestamp_micros(F.lit(watermark))
 
 
 def naive_utc(micros: int) -> datetime:
