@@ -1,6 +1,8 @@
 """``make bench``: the pipeline against its ceilings, and what maintenance buys.
 
-The pipeline part is ``spark_jobs.pipeline_bench``; the feed part (sustained rate and
+The pipeline part is ``spark_jobs.pipeline_bench``; the declarative part (the lakehouse
+against a plain pipeline written with Spark's declarative pipelines) is
+``spark_jobs.declarative_bench``; the feed part (sustained rate and
 latency behind a live feed) is ``spark_jobs.feed_bench``. The maintenance part writes silver and
 gold as a stream with many short triggers would (one small append per micro-batch), times
 two selective queries (one ``ad_id`` over a week of silver, one campaign over one day of
@@ -27,7 +29,15 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs import config, feed_bench, growth_bench, pipeline_bench, progress, startup_bench
+from spark_jobs import (
+    config,
+    declarative_bench,
+    feed_bench,
+    growth_bench,
+    pipeline_bench,
+    progress,
+    startup_bench,
+)
 from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import campaign_stats
 from spark_jobs.maintenance import optimize
@@ -40,7 +50,7 @@ EVENTS_PER_BATCH = 2_000
 CAMPAIGNS, DAYS = 40, 7
 REPEATS = 5
 FEED_START_SHARE, FEED_START_RATE = 0.6, 6_000
-PARTS = ("pipeline", "feed", "growth", "maintenance", "startup")
+PARTS = ("pipeline", "declarative", "feed", "growth", "maintenance", "startup")
 
 
 def silver_batch(spark: SparkSession, batch: int) -> DataFrame:
@@ -203,6 +213,13 @@ def main() -> None:
                 records = corpus(root / "corpus", args.events)
                 results["pipeline"] = pipeline_bench.run(spark, settings, root / "corpus",
                                                          records, args.repetitions)
+            if "declarative" in parts:
+                steps.start(f"declarative: the lakehouse against a plain declarative pipeline, "
+                            f"{args.repetitions} repetitions")
+                if not (root / "corpus" / "expected_counts.json").exists():
+                    corpus(root / "corpus", args.events)
+                results["declarative"] = declarative_bench.run(
+                    settings, root / "corpus", root / "declarative", args.repetitions)
             if "feed" in parts:
                 steps.start("feed: sustained rate and latency")
                 # The project's own settings (trigger, files per trigger), as make run has.
@@ -229,7 +246,8 @@ def main() -> None:
         args.results.mkdir(parents=True, exist_ok=True)
         output = args.results / f"bench-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
         output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    for part, show in (("pipeline", pipeline_bench.render), ("feed", feed_bench.render),
+    for part, show in (("pipeline", pipeline_bench.render),
+                       ("declarative", declarative_bench.render), ("feed", feed_bench.render),
                        ("growth", growth_bench.render),
                        ("maintenance", render), ("startup", startup_bench.render)):
         if part in results:

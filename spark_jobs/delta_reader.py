@@ -23,12 +23,21 @@ def is_delta_table(path: str | Path) -> bool:
 
 def read_arrow(path: str | Path, columns: Sequence[str] | None = None) -> pa.Table:
     """The table's current snapshot as a PyArrow table (all columns unless named)."""
+    selected = ", ".join(_quoted(name) for name in columns) if columns else "*"
+    return read_arrow_sql(path, f"SELECT {selected} FROM snapshot")
+
+
+def count_rows(path: str | Path) -> int:
+    """How many rows the table's current snapshot holds."""
+    return int(read_arrow_sql(path, "SELECT count(*) AS n FROM snapshot").column("n")[0].as_py())
+
+
+def read_arrow_sql(path: str | Path, query: str) -> pa.Table:
+    """``query`` over the table's current snapshot, registered as ``snapshot``."""
     import pyarrow as pa
     from deltalake import DeltaTable, QueryBuilder
 
-    selected = ", ".join(_quoted(name) for name in columns) if columns else "*"
-    reader = (QueryBuilder().register("snapshot", DeltaTable(str(path)))
-              .execute(f"SELECT {selected} FROM snapshot"))
+    reader = QueryBuilder().register("snapshot", DeltaTable(str(path))).execute(query)
     return pa.table(reader.read_all())
 
 

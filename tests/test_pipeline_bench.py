@@ -28,3 +28,35 @@ def test_make_bench_explains_itself_and_refuses_an_unknown_part() -> None:
     assert "% of the pipeline's backlog rate" in helped.stdout
     refused = bench("--parts", "pipeline,speed")
     assert refused.returncode == 2 and "unknown part(s) speed" in refused.stderr
+
+
+def test_the_declarative_comparison_counts_what_each_pipeline_got_wrong(tmp_path) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from spark_jobs.declarative_bench import _counts, render
+    from spark_jobs.expected_counts import ExpectedCounts
+
+    def table(name: str, **columns: list) -> str:
+        write_deltalake(str(tmp_path / name), pa.table(columns))
+        return str(tmp_path / name)
+
+    # Five records delivered: three distinct valid events (a, b, c), one redelivery of a,
+    # and one record the contract rejects (x).
+    expected = ExpectedCounts(delivered=5, valid_distinct=3)
+    expected.invalid_by_reason["bad_event_time"] = 1
+    bronze = table("bronze", value=["a", "b", "c", "a", "x"])
+    # A plain silver that kept the redelivery and the rejected record, and lost c.
+    silver = table("silver", event_id=["a", "a", "b", "x"])
+    gold = table("gold", views=[2, 1], clicks=[1, 0], purchases=[0, 0])
+    counts = _counts(expected, {"a", "b", "c"}, bronze, silver, None, gold)
+    assert counts == {
+        "bronze_rows": 5, "expected_bronze_rows": 5, "silver_rows": 4,
+        "expected_silver_rows": 3, "silver_duplicate_rows": 1, "silver_invalid_events": 1,
+        "valid_events_missing": 1, "quarantined_rows": 0, "expected_quarantined_rows": 1,
+        "gold_events_counted": 4}
+    shown = render({"records": 5, "repetitions": 1, "lakehouse_speed_vs_plain": 1.5,
+                    "median_seconds": {"lakehouse": 2.0, "plain": 3.0},
+                    "records_per_second": {"lakehouse": 2, "plain": 1},
+                    "exactness": {"lakehouse": counts, "plain": counts}})
+    assert "the lakehouse at 1.5x" in shown and "valid events missing" in shown
