@@ -30,7 +30,6 @@ from pyspark.sql.types import (
 from spark_jobs.config import Settings, interval_seconds, spark_interval
 from spark_jobs.delta_writes import idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.gold import writer
-from spark_jobs.gold.campaign_stats import read_silver_stream
 from spark_jobs.range_rebuild import rebuild_range
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.tables import TableSpec, ensure_table
@@ -146,8 +145,8 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
           ) -> StreamingQuery:
     ensure_table(spark, settings, TABLE)
     delay = spark_interval(settings.watermark_delay)
-    click_rows = clicks(read_silver_stream(spark, settings)).withWatermark("click_time", delay)
-    view_rows = views(read_silver_stream(spark, settings)).withWatermark("view_time", delay)
+    click_rows = clicks(silver.read_stream(spark, settings)).withWatermark("click_time", delay)
+    view_rows = views(silver.read_stream(spark, settings)).withWatermark("view_time", delay)
     return start_exactly_once(
         candidate_views(click_rows, view_rows, settings.attribution_max_gap), settings,
         QUERY_NAME, process, trigger)

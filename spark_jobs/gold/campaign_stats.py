@@ -177,19 +177,9 @@ def rebuild(spark: SparkSession, settings: Settings, events: DataFrame, days: Da
                          in_days, dry_run, before_write)
 
 
-def read_silver_stream(spark: SparkSession, settings: Settings) -> DataFrame:
-    """Silver's new rows. Reprocessing rewrites silver dates; gold repairs those itself,
-    so the stream skips such change commits instead of failing on them."""
-    ensure_table(spark, settings, silver.TABLE)
-    return (spark.readStream.format("delta")
-            .option("skipChangeCommits", "true")
-            .option("maxFilesPerTrigger", settings.max_files_per_trigger)
-            .load(silver.TABLE.path(settings)))
-
-
 def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
           ) -> StreamingQuery:
     for table in (TABLE, ad_campaigns.TABLE, late_data.TABLE, gold_rebuilds.TABLE):
         ensure_table(spark, settings, table)
-    return start_exactly_once(read_silver_stream(spark, settings), settings, QUERY_NAME,
+    return start_exactly_once(silver.read_stream(spark, settings), settings, QUERY_NAME,
                               process, trigger)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from markupsafe import Markup
 
 from spark_jobs import delta_reader, pages
-from spark_jobs.config import Settings, interval_seconds
+from spark_jobs.config import Settings
 from spark_jobs.datasets import TABLES
 from spark_jobs.gold import campaign_stats, watermark
 from spark_jobs.quality import plots
@@ -119,8 +119,8 @@ def freshness(spark: SparkSession, settings: Settings, now: datetime) -> pd.Data
     gold = campaign_stats.TABLE.path(settings)
     latest = (watermark.latest_committed(gold) if delta_reader.is_delta_table(gold)
               else None)
-    closed = (None if latest is None else watermark.naive_utc(latest)
-              - timedelta(seconds=interval_seconds(settings.watermark_delay)))
+    applied = watermark.applied(latest, settings.watermark_delay)
+    closed = None if applied is None else watermark.naive_utc(applied)
 
     def minutes(later: datetime | None, earlier: datetime | None) -> float | None:
         if later is None or earlier is None:

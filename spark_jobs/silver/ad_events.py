@@ -272,3 +272,14 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
     # (30 batches, three alternating runs, same rows placed).
     return start_exactly_once(checked(new_bronze_rows, settings), settings, QUERY_NAME,
                               place, trigger)
+
+
+def read_stream(spark: SparkSession, settings: Settings) -> DataFrame:
+    """Silver's new rows, as the gold streams read them. Reprocessing rewrites silver dates;
+    gold repairs those itself, so a reader skips such change commits instead of failing on
+    them."""
+    ensure_table(spark, settings, TABLE)
+    return (spark.readStream.format("delta")
+            .option("skipChangeCommits", "true")
+            .option("maxFilesPerTrigger", settings.max_files_per_trigger)
+            .load(TABLE.path(settings)))
