@@ -93,8 +93,13 @@ RETRIES = {"lakehouse_streaming": 2, "lakehouse_reprocess": 1, "lakehouse_qualit
 
 @pytest.mark.parametrize("mode", ["continuous", "scheduled"])
 def test_every_dag_parses_with_retries_timeouts_tags_and_docs(tmp_path, mode) -> None:
-    report = dagbag_report(tmp_path / "lake", LAKEHOUSE_STREAMING_MODE=mode)
+    # Parsed where neither the jar cache nor the data root exists, as on a DAG processor
+    # of its own: a task resolves its Spark settings where it runs (issue 18).
+    report = dagbag_report(tmp_path / "lake", LAKEHOUSE_STREAMING_MODE=mode,
+                           LAKEHOUSE_JARS_DIR=str(tmp_path / "no-jars"))
     assert report["errors"] == {}
+    assert not (tmp_path / "no-jars").exists()
+    assert not {"tables", "landing", "checkpoints"} & {p.name for p in tmp_path.glob("lake/*")}
     assert set(report["dags"]) >= DAG_IDS
     # DAG files are wiring: no Spark, Great Expectations or plotting at parse time, and a
     # parse far below the processor's timeout (the first file pays Airflow's own imports).

@@ -54,8 +54,8 @@ print(json.dumps({
     "errors": {path: str(error) for path, error in bag.import_errors.items()},
     "serialized": sorted(dag_id for dag_id, dag in bag.dags.items()
                          if DagSerialization.to_dict(dag)),
-    "applications": sorted({task.application for dag in bag.dags.values()
-                            for task in dag.tasks if hasattr(task, "application")}),
+    "applications": sorted({(task.resolve(), task.application)[1] for dag in bag.dags.values()
+                            for task in dag.tasks if hasattr(task, "resolve")}),
 }))
 """
 
@@ -117,7 +117,7 @@ def test_the_wheel_carries_code_suites_dags_and_plugin(installed: Path) -> None:
     assert bag["errors"] == {}
     assert bag["serialized"] == ["lakehouse_maintenance", "lakehouse_quality",
                                  "lakehouse_reprocess", "lakehouse_streaming"]
-    # spark-submit gets the installed CLI.
+    # spark-submit gets the installed CLI, resolved where the task runs.
     assert bag["applications"] == [places["code"][1]]
 
 

@@ -4,7 +4,9 @@ Every job is the project's CLI (``spark_jobs/cli.py``, wherever the package is i
 submitted with the official ``SparkSubmitOperator`` against the ``lakehouse_spark``
 connection: ``local[*]`` on a laptop, ``spark://master:7077`` for a cluster. The Delta jars
 and every Spark setting come from ``spark_jobs.session.spark_conf``, the one place they are
-defined.
+defined, read where and when the task runs: a DAG file holds only the DAG's shape, so the
+DAG processor needs neither the jar cache nor the data root, and each worker submits with
+its own interpreter, jars and paths.
 """
 
 from __future__ import annotations
@@ -16,45 +18,58 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from spark_jobs import config, registry
+from spark_jobs import config
 
 SPARK_CONNECTION = "lakehouse_spark"
-# The file, found without importing it (the CLI's imports are not for DAG parsing).
-CLI = importlib.util.find_spec("spark_jobs.cli").origin
+
+
+class LakehouseJob(SparkSubmitOperator):
+    """``lakehouse <verb> <args…>`` as a Spark application; what depends on the machine is
+    resolved in ``execute``, on the worker."""
+
+    def execute(self, context: Any) -> None:
+        self.resolve()
+        super().execute(context)
+
+    def resolve(self) -> None:
+        """This machine's submission: the installed CLI, its Python, the jars and every
+        Spark setting."""
+        from spark_jobs.session import spark_conf
+
+        conf = spark_conf(config.load())
+        self.jars = conf.pop("spark.jars")
+        self.conf = conf
+        # The file, found without importing it (the CLI's imports are not for a worker's
+        # process); the driver is this environment's Python, which has the project installed.
+        self.application = importlib.util.find_spec("spark_jobs.cli").origin
+        self.env_vars = {"PYSPARK_PYTHON": sys.executable,
+                         "PYSPARK_DRIVER_PYTHON": sys.executable}
 
 
 def lakehouse_job(task_id: str, verb: str, *args: str,
                   execution_timeout: timedelta = timedelta(hours=2),
                   **operator_args: Any) -> SparkSubmitOperator:
     """``lakehouse <verb> <args…>`` as a Spark application (args may be Jinja templates)."""
-    from spark_jobs.session import spark_conf
-
-    settings = config.load()
-    conf = spark_conf(settings)
-    jars = conf.pop("spark.jars")
-    return SparkSubmitOperator(
+    return LakehouseJob(
         task_id=task_id,
         conn_id=SPARK_CONNECTION,
-        application=CLI,
+        application="",  # the installed CLI, found when the task runs
         application_args=[verb, *args],
         name=f"lakehouse-{task_id}",
-        jars=jars,
-        conf=conf,
-        # The driver is this environment's Python, which has the project installed.
-        env_vars={"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
         execution_timeout=execution_timeout,
         **operator_args,
     )
 
 
 def assets(*names: str) -> list[Any]:
-    """The Airflow assets of the registry's tables by name (``silver.ad_events``), as
-    ``file://`` URIs."""
+    """The Airflow assets of the registry's tables by name (``silver.ad_events``). Their URIs
+    name the table, not where it lies (``lakehouse://silver.ad_events``): the parsing host
+    does not know the workers' root."""
     from airflow.sdk import Asset
 
-    settings = config.load()
-    return [Asset(name=name, uri=f"file://{registry.TABLES[name].path(settings)}")
-            for name in names]
+    from spark_jobs import registry
+
+    return [Asset(name=name, uri=f"lakehouse://{registry.TABLES[name].name}") for name in names]
 
 
 def is_true(rendered_flag: str) -> bool:
