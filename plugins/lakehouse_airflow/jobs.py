@@ -27,9 +27,16 @@ class LakehouseJob(SparkSubmitOperator):
     """``lakehouse <verb> <args…>`` as a Spark application; what depends on the machine is
     resolved in ``execute``, on the worker."""
 
-    def execute(self, context: Any) -> None:
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        # Resolved on the worker before rendering: the task's Rendered Templates then show
+        # what was submitted (the CLI's file, the jars, every Spark setting).
         self.resolve()
-        super().execute(context)
+        super().render_template_fields(context, jinja_env)
+
+    def execute(self, context: Any) -> Any:
+        if not self.application:  # run without rendering (a direct call)
+            self.resolve()
+        return super().execute(context)
 
     def resolve(self) -> None:
         """This machine's submission: the installed CLI, its Python, the jars and every
@@ -48,8 +55,11 @@ class LakehouseJob(SparkSubmitOperator):
 
 def lakehouse_job(task_id: str, verb: str, *args: str,
                   execution_timeout: timedelta = timedelta(hours=2),
-                  **operator_args: Any) -> SparkSubmitOperator:
+                  **operator_args: Any) -> LakehouseJob:
     """``lakehouse <verb> <args…>`` as a Spark application (args may be Jinja templates)."""
+    if resolved := {"application", "conf", "jars", "env_vars"} & operator_args.keys():
+        raise TypeError(f"{task_id}: {', '.join(sorted(resolved))} come from the settings "
+                        "where the task runs (spark_jobs.session.spark_conf)")
     return LakehouseJob(
         task_id=task_id,
         conn_id=SPARK_CONNECTION,

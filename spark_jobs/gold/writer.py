@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from spark_jobs.dates import DateRange
-    from spark_jobs.reprocess import Change
+    from spark_jobs.range_rebuild import Change
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,8 @@ def _hand_over(settings: Settings, days: DateRange) -> list[Change] | None:
 
 def _await_answer(settings: Settings, days: DateRange, folder: Path, name: str
                   ) -> list[Change] | None:
-    from spark_jobs.reprocess import Change, ReprocessError
+    from spark_jobs.range_rebuild import Change
+    from spark_jobs.reprocess import ReprocessError
 
     request, claimed, answer = (folder / f"{name}.request", folder / f"{name}.claimed",
                                 folder / f"{name}.result")
