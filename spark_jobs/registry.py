@@ -144,8 +144,9 @@ def streams() -> list[Table]:
             if table.stream == table.name.replace(".", "_", 1)]
 
 
-def query_names() -> tuple[str, ...]:
-    return tuple(str(table.stream) for table in streams())
+def query_names(layer: str | None = None) -> tuple[str, ...]:
+    """The streams' query names in start order, of one layer or of all."""
+    return tuple(str(table.stream) for table in streams() if layer in (None, table.layer))
 
 
 LAYERS: tuple[str, ...] = tuple(dict.fromkeys(table.layer for table in streams()))

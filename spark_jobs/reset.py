@@ -123,7 +123,7 @@ def _forget(spark: SparkSession, settings: Settings, layer: str) -> None:
     # maintenance (RocksDB's snapshot upload) could otherwise write an old query's state
     # into the checkpoint after it was deleted, where the new query would find it.
     spark.sparkContext._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
-    for query_name in streaming.query_names(layer):
+    for query_name in registry.query_names(layer):
         shutil.rmtree(Path(settings.checkpoint(query_name)), ignore_errors=True)
     for spec in TABLES[layer]:
         ensure_table(spark, settings, spec)

@@ -83,10 +83,6 @@ def _check_checkpoints(settings: Settings, layers: Sequence[str]) -> None:
             checkpoints.check_compatible(settings, layer, importlib.import_module(module))
 
 
-def query_names(layer: str) -> list[str]:
-    return [str(table.stream) for table in registry.streams() if table.layer == layer]
-
-
 def _layer_of(query_name: str) -> str:
     return next(table.layer for table in registry.streams() if table.stream == query_name)
 
