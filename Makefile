@@ -5,13 +5,14 @@ VENV      := .venv
 BIN       := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 JARS      := .cache/jars/.complete
+BROKER    := .cache/jars/kafka-broker/.complete
 CLASSES   := .cache/jars/classes.jsa
 BROWSER   := .cache/.chromium
 ROOT      ?= data
 
 .PHONY: setup test lint run run-once bench chaos clean
 
-setup: $(INSTALLED) $(JARS) $(CLASSES) $(BROWSER)
+setup: $(INSTALLED) $(JARS) $(BROKER) $(CLASSES) $(BROWSER)
 
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +21,12 @@ $(INSTALLED): pyproject.toml constraints.txt
 	touch $@
 
 $(JARS): jars/pom.xml $(INSTALLED)
-	scripts/fetch-jars.sh $(BIN)/python .cache/jars
+	scripts/fetch-jars.sh jars/pom.xml .cache/jars $(BIN)/python
+
+# The Kafka broker of `lakehouse services start kafka`, in a folder of the jar cache: the
+# Spark jars' refresh above empties the cache, and this follows it.
+$(BROKER): jars/kafka-broker/pom.xml $(JARS)
+	scripts/fetch-jars.sh jars/kafka-broker/pom.xml .cache/jars/kafka-broker
 
 # The Spark driver's class-data archive (spark_jobs/class_archive.py): a cold Spark command
 # takes about a fifth less time. Built again whenever the venv, the jars or the JDK change.
@@ -30,7 +36,7 @@ $(CLASSES): $(INSTALLED) $(JARS) $(JAVA_BINARY)
 
 # The data quality report is tested in a real headless browser: Debian's chromium.
 $(BROWSER):
-	scripts/install-chromium.sh
+	scripts/install-debian.sh chromium /usr/bin/chromium
 	mkdir -p $(dir $@) && touch $@
 
 lint: $(INSTALLED)

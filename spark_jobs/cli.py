@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs import config, progress
 from spark_jobs.config import ConfigError, Settings, interval_seconds, parse_choices
 from spark_jobs.demo import DEMO_TRIGGER
+from spark_jobs.services import ServiceError
 
 if TYPE_CHECKING:
     from spark_jobs.reprocess import Request
@@ -85,7 +86,7 @@ def _writable_root(settings: Settings) -> Settings:
 
 
 def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
-    from spark_jobs.generator import GenerateRequest, Mess, generate
+    from spark_jobs.generator import EventSink, GenerateRequest, KafkaSink, Mess, generate
     from spark_jobs.streaming import stop_on_signals
 
     mess_fields = Mess.__dataclass_fields__
@@ -99,11 +100,18 @@ def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
         events_per_file=args.events_per_file, rate=args.rate,
         span=timedelta(seconds=interval_seconds(args.span)) if args.span else timedelta(0),
         derive_missing_event_id=settings.derive_missing_event_id)
+    sink: EventSink | None = None
+    if args.to == "kafka":
+        from spark_jobs import kafka_topic
+
+        kafka_topic.ensure_topic(settings)
+        sink = KafkaSink(kafka_topic.producer(settings), settings.kafka_topic)
     stop = stop_on_signals() if args.rate else None
     with progress.steps(progress.wanted()) as steps:
         counts = generate(request, settings.landing_events, settings.landing_campaigns,
                           settings.expected_counts_file,
-                          should_stop=stop.is_set if stop else (lambda: False), steps=steps)
+                          should_stop=stop.is_set if stop else (lambda: False), steps=steps,
+                          sink=sink)
     print(json.dumps({"generated": counts.as_json(),
                       "expected_counts_file": str(settings.expected_counts_file)}, indent=2))
     return 0
@@ -148,6 +156,20 @@ def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
             print(f"still running after {args.wait:g}s: {running}", file=sys.stderr)
             return 1
         time.sleep(1)
+
+
+def cmd_services(settings: Settings, args: argparse.Namespace) -> int:
+    from spark_jobs import services
+
+    chosen = services.named(args.names)
+    failed = False
+    for service in chosen:
+        try:
+            print(getattr(service, args.action)(settings), flush=True)
+        except services.ServiceError as error:
+            print(f"lakehouse services: {error}", file=sys.stderr, flush=True)
+            failed = True
+    return 1 if failed else 0
 
 
 def cmd_airflow(settings: Settings, args: argparse.Namespace) -> int:
@@ -446,6 +468,17 @@ def build_parser() -> argparse.ArgumentParser:
         generate.add_argument(f"--{name.replace('_', '-')}", type=share, dest=name,
                               help=f"share (default {mess_field.default})")
 
+    generate.add_argument("--to", choices=("landing", "kafka"), default="landing",
+                          help="where the events go: the landing zone's files (default) or "
+                          "the Kafka topic (kafka_topic at kafka_bootstrap_servers)")
+
+    services = verb("services", cmd_services,
+                    "start, stop or show the real services beside the lakehouse (a Kafka "
+                    "broker, a Spark standalone master and worker), on loopback, data and "
+                    "logs under <root>/services")
+    services.add_argument("action", choices=("start", "stop", "status"))
+    services.add_argument("names", nargs="+", metavar="NAME", help="kafka, spark")
+
     stream = verb("stream", cmd_stream, "run the streaming layers")
     stream.add_argument("--layers", help="comma-separated layers, or all (default)")
     stream.add_argument("--available-now", action="store_true",
@@ -564,6 +597,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ConfigError) as error:
         print(f"lakehouse {args.verb}: {error}", file=sys.stderr)
         return 2
+    except ServiceError as error:  # a service the verb needs does not answer
+        print(f"lakehouse {args.verb}: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

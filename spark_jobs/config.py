@@ -124,6 +124,9 @@ def _items(value: Any) -> Any:
 # 0/false/no/off in any case, and t/y/f/n); these add what the lakehouse checks beyond a type.
 Count = Annotated[int, Field(ge=1)]
 Interval = Annotated[str, AfterValidator(_interval)]
+# Stripped first, as the hand-written loader did: pydantic refuses " yes".
+Flag = Annotated[bool, BeforeValidator(lambda value: value.strip() if isinstance(value, str)
+                                       else value)]
 
 
 # Strict as the hand-written loader was: no unknown keys, exact key names, a number is text
@@ -133,6 +136,9 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     source: Literal["files", "kafka"]
     kafka_bootstrap_servers: str
     kafka_topic: str
+    kafka_partitions: Count
+    kafka_max_offsets_per_trigger: Count
+    kafka_fail_on_data_loss: Flag
     spark_master: str
     spark_driver_host: str
     spark_java_options: str
@@ -147,9 +153,7 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     vacuum_safety_margin: Interval
     streaming_schedule: str
     future_tolerance: Interval
-    # Stripped first, as the hand-written loader did: pydantic refuses " yes".
-    derive_missing_event_id: Annotated[
-        bool, BeforeValidator(lambda value: value.strip() if isinstance(value, str) else value)]
+    derive_missing_event_id: Flag
     extra_event_time_formats: Annotated[tuple[str, ...], BeforeValidator(_items)]
     watermark_delay: Interval
     window_duration: Interval
@@ -187,6 +191,14 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
 
     def table_path(self, relative: str) -> str:
         return str(self.tables_dir / relative)
+
+    @property
+    def services_dir(self) -> Path:
+        return self.root / "services"
+
+    @property
+    def kafka_broker_jars(self) -> Path:
+        return self.jars_dir / "kafka-broker"
 
     def checkpoint(self, query_name: str) -> str:
         return str(self.checkpoints_dir / query_name)

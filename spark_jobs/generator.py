@@ -18,10 +18,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from spark_jobs import reasons
 from spark_jobs.expected_counts import ExpectedCounts
 from spark_jobs.progress import SILENT, Steps
+
+if TYPE_CHECKING:
+    from confluent_kafka import Producer
 
 EVENT_TYPES = ("view", "click", "purchase")
 # YSB's shares: mostly views, few clicks; purchases are this project's extension.
@@ -323,10 +327,49 @@ class GenerateRequest:
     derive_missing_event_id: bool = False
 
 
+class EventSink(Protocol):
+    """Where generated records go, if not to files in the landing zone."""
+
+    def deliver(self, records: list[bytes], counts: ExpectedCounts) -> None:
+        """Send ``records``; correct ``counts`` for what the sink does not deliver."""
+
+
+class KafkaSink:
+    """Each record a message of the topic, keyed by its ``user_id`` (the contract's key; none
+    for a record without one). Blank lines are an artefact of files, not records: a producer
+    sends no message for them, so they are neither sent nor counted."""
+
+    def __init__(self, producer: Producer, topic: str) -> None:
+        self.producer = producer
+        self.topic = topic
+
+    def __str__(self) -> str:
+        return f"Kafka topic {self.topic}"
+
+    def deliver(self, records: list[bytes], counts: ExpectedCounts) -> None:
+        from spark_jobs.kafka_topic import send
+
+        messages = [(message_key(record), record) for record in records if record.strip()]
+        counts.blank_lines = 0
+        counts.files = 0
+        send(self.producer, self.topic, messages)
+
+
+def message_key(record: bytes) -> bytes | None:
+    try:
+        user = json.loads(record).get("user_id")
+    except (ValueError, AttributeError):  # not JSON, or JSON but not an object
+        return None
+    return user.encode() if isinstance(user, str) else None
+
+
 def generate(request: GenerateRequest, landing_events: Path, landing_campaigns: Path,
              expected_file: Path, should_stop: Callable[[], bool] = lambda: False,
-             steps: Steps = SILENT) -> ExpectedCounts:
-    """Write events and the campaign mapping; add what to expect to ``expected_file``."""
+             steps: Steps = SILENT, sink: EventSink | None = None) -> ExpectedCounts:
+    """Write events and the campaign mapping; add what to expect to ``expected_file``.
+
+    The events go to files in ``landing_events``, or to ``sink`` when one is given; the
+    mapping always goes to ``landing_campaigns``."""
     generator = EventGenerator(request.seed, request.start, request.mess,
                                request.derive_missing_event_id)
     run_name = f"seed{request.seed}-{request.start:%Y%m%dT%H%M%S}"
@@ -336,7 +379,7 @@ def generate(request: GenerateRequest, landing_events: Path, landing_campaigns: 
 
     total = ExpectedCounts()
     remaining = request.events
-    steps.start(f"writing events to {landing_events}",
+    steps.start(f"writing events to {landing_events if sink is None else sink}",
                 None if request.rate else request.events)
     while (remaining > 0 or request.rate) and not should_stop():
         batch = min(remaining, request.events_per_file) if not request.rate else max(
@@ -347,9 +390,12 @@ def generate(request: GenerateRequest, landing_events: Path, landing_campaigns: 
                else request.start - request.span * (1 - done / max(request.events, 1)))
         file_counts = ExpectedCounts(files=1)
         lines = list(generator.records(batch, now, file_counts))
-        content, extension = generator.file_bytes(lines)
-        write_atomically(landing_events, generator.next_file_name(f"events-{run_name}")
-                         + extension, content)
+        if sink is not None:
+            sink.deliver(lines, file_counts)
+        else:
+            content, extension = generator.file_bytes(lines)
+            write_atomically(landing_events, generator.next_file_name(f"events-{run_name}")
+                             + extension, content)
         total.add(file_counts)
         _record(expected_file, file_counts)
         remaining -= batch

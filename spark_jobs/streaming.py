@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spark_jobs import checkpoints, registry
+from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import ConfigError, Settings, interval_seconds, spark_interval
 from spark_jobs.gold import writer as gold_writer
 from spark_jobs.ops import heartbeat, stream_progress
@@ -94,7 +95,9 @@ def _raise_if_failed(queries: Iterable[StreamingQuery]) -> None:
             continue
         text = str(error).strip()
         message = f"stream {query.name} failed: {text.splitlines()[0]}"
-        if checkpoints.incompatible_state(text):
+        if explained := bronze.explain_failure(text):
+            message = f"stream {query.name} failed: {explained}"
+        elif checkpoints.incompatible_state(text):
             message += (f"\n{checkpoints.INCOMPATIBLE_HINT}"
                         f"{checkpoints.runbook(_layer_of(query.name))}")
         raise StreamFailed(message)

@@ -31,10 +31,10 @@ def committed_versions(table: Path) -> int:
     return len(list(log.glob("*.json"))) if log.exists() else 0
 
 
-def generate(root: Path, *args: str) -> dict[str, object]:
+def generate(root: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, object]:
     done = subprocess.run(lakehouse_command("generate", "--root", str(root), *args),
-                          env=cli_env(), capture_output=True, text=True, timeout=120,
-                          check=True)
+                          env=cli_env(**(env or {})), capture_output=True, text=True,
+                          timeout=120, check=True)
     return json.loads(done.stdout)["generated"]
 
 
@@ -52,10 +52,11 @@ class Driver(subprocess.Popen[bytes]):
         return self.log_file.read_text("utf-8", errors="replace")
 
 
-def start_stream(root: Path, layers: str, *args: str, files_per_batch: int = 1) -> Driver:
+def start_stream(root: Path, layers: str, *args: str, files_per_batch: int = 1,
+                 env: dict[str, str] | None = None) -> Driver:
     """A stream in its own process group, so a test can kill the driver and its JVM."""
     # One file per micro-batch by default: many commits to die between (or inside).
-    env = cli_env(LAKEHOUSE_MAX_FILES_PER_TRIGGER=str(files_per_batch))
+    env = cli_env(LAKEHOUSE_MAX_FILES_PER_TRIGGER=str(files_per_batch), **(env or {}))
     log_file = root.parent / f"driver-{layers.replace(',', '-')}.log"
     with log_file.open("ab") as log:  # appended to by a restarted driver
         process = Driver(
@@ -74,9 +75,10 @@ def wait_for_commits(table: Path, at_least: int, process: Driver) -> None:
         time.sleep(0.2)
 
 
-def run_lakehouse(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(lakehouse_command(*args), env=cli_env(), capture_output=True,
-                          text=True, timeout=timeout)
+def run_lakehouse(*args: str, timeout: int = 300, env: dict[str, str] | None = None
+                  ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(lakehouse_command(*args), env=cli_env(**(env or {})),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 180) -> None:

@@ -8,6 +8,7 @@ from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
 from spark_jobs.generator import write_atomically
 from spark_jobs.ops import stream_progress
+from tests.conftest import make_settings
 
 
 def lines_of(spark, files: dict[str, str]) -> list[tuple[str, int, str]]:
@@ -95,3 +96,65 @@ def test_a_file_delivered_with_an_old_modification_time_is_still_ingested(spark,
     os.utime(settings.landing_events / "backfill-2026-10.jsonl", (a_month_ago, a_month_ago))
     streaming.run_available_now(spark, settings, ["bronze"])
     assert sorted(row.raw for row in bronze_rows(spark, settings)) == ['{"n":1}', '{"n":2}']
+
+
+# -- Kafka ----------------------------------------------------------------------------------
+
+KAFKA_MESSAGES = ("key binary, value binary, topic string, partition int, offset long, "
+                  "timestamp timestamp, timestampType int")
+
+
+def kafka_rows(spark, values: list[bytes | None]) -> list:
+    from datetime import UTC, datetime
+
+    messages = spark.createDataFrame(
+        [(None, value, "ad-events", 1, 40 + index, datetime.now(UTC), 0)
+         for index, value in enumerate(values)], KAFKA_MESSAGES)
+    return sorted(bronze.records_from_kafka(messages).collect(), key=lambda row: row.kafka_offset)
+
+
+def test_each_kafka_message_is_one_bronze_row_named_by_topic_partition_and_offset(spark) -> None:
+    rows = kafka_rows(spark, [b'{"n":1}', b"\xef\xbb\xbf{\"n\":2}", b"", None, b'{"n":"\xff"}'])
+    # Five messages, five rows: an empty and a null message are records too (a topic has
+    # no blank lines; silver quarantines them), so nothing is dropped at the door.
+    assert [row.bronze_id for row in rows] == [f"kafka:ad-events:1:{offset}"
+                                               for offset in range(40, 45)]
+    # The mark belongs to the encoding; a byte that is not UTF-8 becomes U+FFFD as the
+    # landing zone's reader makes it, which silver's invalid_encoding rule looks for.
+    assert [row.raw for row in rows] == ['{"n":1}', '{"n":2}', "", "", '{"n":"\ufffd"}']
+    assert {(row.source, row.source_file, row.source_line, row.kafka_topic,
+             row.kafka_partition) for row in rows} == {("kafka", None, None, "ad-events", 1)}
+
+
+def test_kafka_records_take_the_same_quarantine_paths_as_lines(spark) -> None:
+    from spark_jobs.silver.validation import Rules, validate
+
+    rows = bronze.records_from_kafka(spark.createDataFrame(
+        [(None, value, "t", 0, offset, None, 0) for offset, value in
+         enumerate([b"", None, b'{"event_id":"\xff"}', b"[1]"])], KAFKA_MESSAGES))
+    rules = Rules.from_settings(make_settings(Path("unused")))
+    reasons = sorted(row.reason for row in validate(rows, rules).collect())
+    # Empty and null values are not JSON; the invalid byte is an encoding fault; the array
+    # is JSON but not an object: each with the reason a file's line would get.
+    assert reasons == ["invalid_encoding", "malformed_json", "malformed_json", "not_an_object"]
+
+
+# Spark's own words when a stream finds its next Kafka offsets gone (seen in a run against
+# the real broker: records deleted while the stream was down), and when it plans a batch.
+SPARK_DATA_LOSS = """\
+org.apache.spark.sql.kafka010.KafkaIllegalStateException: Some data may have been lost \
+because they are not available in Kafka any more;
+Reason: Could not read records in offset [1550, 1823) for topic partition ad-events-0
+"""
+SPARK_START_RESET = ("[KAFKA_DATA_LOSS.START_OFFSET_RESET] Some data may have been lost "
+                     "... Starting offset for ad-events-1 was 20 but it is 35 now.")
+
+
+def test_a_kafka_data_loss_failure_names_the_lost_offsets_and_the_way_on() -> None:
+    explained = bronze.explain_failure(SPARK_DATA_LOSS)
+    # [1550, 1823) excludes its end: the last lost offset is 1822.
+    assert explained is not None and "ad-events-0 offsets 1550 to 1822" in explained
+    assert "LAKEHOUSE_KAFKA_FAIL_ON_DATA_LOSS=false" in explained
+    assert "ad-events-1 offsets 20 to 34" in (bronze.explain_failure(SPARK_START_RESET) or "")
+    # Any other failure is left to the generic message.
+    assert bronze.explain_failure("java.lang.OutOfMemoryError: Java heap space") is None

@@ -38,6 +38,10 @@ def test_environment_overrides_file_and_flags_override_environment(tmp_path: Pat
     assert settings.root == tmp_path / "flag"
     assert settings.shuffle_partitions == 7
     assert settings.derive_missing_event_id is True
+    # Kafka's data-loss check is on unless turned off for a run.
+    assert config.load(environ={}).kafka_fail_on_data_loss is True
+    assert config.load(environ={"LAKEHOUSE_KAFKA_FAIL_ON_DATA_LOSS": " false"}
+                       ).kafka_fail_on_data_loss is False
 
 
 def test_config_file_named_by_environment(tmp_path: Path) -> None:
@@ -73,6 +77,8 @@ def test_a_root_is_a_local_folder_or_a_file_uri(tmp_path: Path) -> None:
     ({"LAKEHOUSE_SHUFFLE_PARTITIONS": "0"}, "at least 1"),
     ({"LAKEHOUSE_TRIGGER_INTERVAL": "soon"}, "trigger_interval: not an interval"),
     ({"LAKEHOUSE_DERIVE_MISSING_EVENT_ID": "maybe"}, "true or false"),
+    ({"LAKEHOUSE_KAFKA_FAIL_ON_DATA_LOSS": "perhaps"}, "kafka_fail_on_data_loss must be true"),
+    ({"LAKEHOUSE_KAFKA_MAX_OFFSETS_PER_TRIGGER": "0"}, "at least 1"),
 ])
 def test_bad_values_are_refused_with_a_clear_message(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -1,0 +1,395 @@
+"""Real services beside the lakehouse, started by its own command, no Docker:
+``lakehouse services start|stop|status NAME...``.
+
+- ``kafka``: a single-node KRaft broker (controller and broker in one JVM) from the jars
+  ``make setup`` caches (``jars/kafka-broker/pom.xml``), at ``kafka_bootstrap_servers``, with
+  ``kafka_topic`` created;
+- ``spark``: Spark's own standalone master and one worker with this machine's cores, from
+  the installed PySpark, at ``spark://127.0.0.1:7077``.
+
+Each listens on loopback only, keeps its data and logs under ``<root>/services/<name>/``;
+``start`` leaves a running service alone and returns once it answers (or fails with the
+end of its log); ``stop`` asks each process to stop (SIGTERM) and waits, then kills;
+``status`` prints one line per service. Test fixtures use these same functions.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spark_jobs.config import LOOPBACK, ConfigError, Settings
+
+START_TIMEOUT_SECONDS = 90.0
+STOP_GRACE_SECONDS = 30.0
+SPARK_MASTER_PORT = 7077
+# The standalone master's and worker's status pages, on loopback (SPARK_LOCAL_IP): Spark has
+# no login of its own, so they are not served beyond this machine.
+SPARK_MASTER_UI_PORT = 8081
+SPARK_WORKER_UI_PORT = 8082
+
+
+# The largest message the broker and the producer take: the contract's records run up to
+# 1 MiB (a very long line), over Kafka's default of 1,000,000 bytes.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+class ServiceError(RuntimeError):
+    """A service did not start, stop or answer; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """One long-running process of a service, known by its pid file in ``folder``."""
+
+    name: str
+    folder: Path
+    command: tuple[str, ...]
+    port: int  # it answers once this loopback port accepts connections
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pid_file(self) -> Path:
+        return self.folder / f"{self.name}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.folder / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        """The running process, or None. A pid file whose process is gone, or whose number
+        now belongs to another program, names nothing."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return None
+        return pid if str(self.folder).encode() in command_line else None
+
+    def start(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            process = subprocess.Popen(
+                self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env}, cwd=self.folder, start_new_session=True)
+        self.pid_file.write_text(f"{process.pid}\n")
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while not port_open(self.port):
+            if process.poll() is not None:
+                raise ServiceError(f"{self.name} exited with {process.returncode} while "
+                                   f"starting; the end of {self.log_file}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServiceError(f"{self.name} did not answer on {LOOPBACK}:{self.port} "
+                                   f"within {START_TIMEOUT_SECONDS:.0f} s; the end of "
+                                   f"{self.log_file}:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def stop(self) -> bool:
+        """Stop it if it runs; whether it ran."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.1)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)  # our own child: reap it
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    return Path(f"/proc/{pid}").exists() and not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return False
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signum)  # the daemon leads its own session: its children go too
+
+
+def port_open(port: int, host: str = LOOPBACK) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex((host, port)) == 0
+
+
+def java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    binary = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not binary or not Path(binary).exists():
+        raise ServiceError("no java: install Java 17 or set JAVA_HOME")
+    return binary
+
+
+@dataclass(frozen=True)
+class Service:
+    """A named service: its processes in start order, what to prepare before the first
+    start, what to do once they answer, and how to describe it running."""
+
+    name: str
+    daemons: Callable[[Settings], list[Daemon]]
+    prepare: Callable[[Settings, Path], None]
+    when_up: Callable[[Settings], None]
+    describe: Callable[[Settings], str]
+
+    def folder(self, settings: Settings) -> Path:
+        return settings.services_dir / self.name
+
+    def start(self, settings: Settings) -> str:
+        daemons = self.daemons(settings)
+        if all(daemon.pid() is not None for daemon in daemons):
+            self.when_up(settings)
+            return f"{self.name}: already running, {self.describe(settings)}"
+        for daemon in daemons:
+            if daemon.pid() is None and port_open(daemon.port):
+                raise ServiceError(
+                    f"{self.name}: port {LOOPBACK}:{daemon.port} is taken by another program "
+                    f"(not the {daemon.name} of {self.folder(settings)})")
+        self.prepare(settings, self.folder(settings))
+        for daemon in daemons:
+            if daemon.pid() is None:
+                daemon.start()
+        self.when_up(settings)
+        return f"{self.name}: started, {self.describe(settings)}"
+
+    def stop(self, settings: Settings) -> str:
+        stopped = [daemon.stop() for daemon in reversed(self.daemons(settings))]
+        return f"{self.name}: {'stopped' if any(stopped) else 'not running'}"
+
+    def status(self, settings: Settings) -> str:
+        daemons = self.daemons(settings)
+        pids = [daemon.pid() for daemon in daemons]
+        if not any(pids):
+            return f"{self.name}: stopped"
+        pairs = list(zip(daemons, pids, strict=True))
+        running = ", ".join(f"{daemon.name} pid {pid}" for daemon, pid in pairs if pid)
+        if not all(pids):
+            missing = ", ".join(daemon.name for daemon, pid in pairs if not pid)
+            return f"{self.name}: partly running ({running}; {missing} not running)"
+        return f"{self.name}: running ({running}), {self.describe(settings)}"
+
+
+# -- kafka ---------------------------------------------------------------------------------
+
+def _kafka_port(settings: Settings) -> int:
+    from spark_jobs.kafka_topic import LOOPBACK_NAMES, bootstrap_address
+
+    address = bootstrap_address(settings)
+    if address.host not in LOOPBACK_NAMES:
+        raise ConfigError(f"kafka_bootstrap_servers = {settings.kafka_bootstrap_servers!r} "
+                          f"names another machine: lakehouse services runs a broker on this "
+                          f"machine's loopback only")
+    return address.port
+
+
+def _kafka_daemons(settings: Settings) -> list[Daemon]:
+    folder = settings.services_dir / "kafka"
+    jars = settings.kafka_broker_jars
+    return [Daemon("broker", folder, (
+        java(), "-Xms256m", "-Xmx512m", "-XX:+UseG1GC",
+        f"-Dlog4j2.configurationFile={folder / 'log4j2.properties'}",
+        "-cp", f"{jars}/*", "kafka.Kafka", str(folder / "server.properties")),
+        _kafka_port(settings))]
+
+
+# Logs to the broker's own log file (its stdout); INFO at start-up tells why it failed.
+_KAFKA_LOGGING = """\
+rootLogger.level = WARN
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+appender.stdout.type = Console
+appender.stdout.name = STDOUT
+appender.stdout.layout.type = PatternLayout
+appender.stdout.layout.pattern = [%d] %p %m (%c)%n
+"""
+
+
+def _prepare_kafka(settings: Settings, folder: Path) -> None:
+    """The broker's configuration, and its storage formatted once (KRaft needs a cluster id
+    written before the first start)."""
+    jars = settings.kafka_broker_jars
+    if not (jars / ".complete").exists():
+        raise ServiceError(f"no Kafka broker in {jars}: run 'make setup' once in the checkout "
+                           f"(it fetches the broker from Maven Central)")
+    port = _kafka_port(settings)
+    data = folder / "data"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "log4j2.properties").write_text(_KAFKA_LOGGING)
+    (folder / "server.properties").write_text("\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@{LOOPBACK}:{port + 1}",
+        f"listeners=PLAINTEXT://{LOOPBACK}:{port},CONTROLLER://{LOOPBACK}:{port + 1}",
+        f"advertised.listeners=PLAINTEXT://{LOOPBACK}:{port}",
+        "controller.listener.names=CONTROLLER",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name=PLAINTEXT",
+        f"log.dirs={data}",
+        # One node: every internal topic has one replica.
+        "offsets.topic.replication.factor=1",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+        # Topics are created on purpose (the topic's partitions are a setting); a reader
+        # with a misspelt topic must not create an empty one and wait on it for ever.
+        "auto.create.topics.enable=false",
+        # The contract's records run up to 1 MiB; Kafka's default cap is 1 MB.
+        f"message.max.bytes={MAX_MESSAGE_BYTES}",
+        f"num.partitions={settings.kafka_partitions}",
+        "",
+    ]))
+    if not (data / "meta.properties").exists():
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        formatted = subprocess.run(
+            [java(), "-Xmx256m", f"-Dlog4j2.configurationFile={folder / 'log4j2.properties'}",
+             "-cp", f"{jars}/*", "kafka.tools.StorageTool", "format", "-t", cluster_id,
+             "-c", str(folder / "server.properties")],
+            capture_output=True, text=True, check=False)
+        if formatted.returncode != 0:
+            raise ServiceError(f"kafka: formatting {data} failed: "
+                               f"{(formatted.stderr or formatted.stdout).strip()[-600:]}")
+
+
+def _kafka_topic_ready(settings: Settings) -> None:
+    from spark_jobs import kafka_topic
+
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while not kafka_topic.answers(settings, timeout=2.0):  # the port opens before it serves
+        if time.monotonic() > deadline:
+            raise ServiceError(f"kafka: the broker at {settings.kafka_bootstrap_servers} "
+                               f"does not answer metadata requests")
+    kafka_topic.ensure_topic(settings)
+
+
+def _describe_kafka(settings: Settings) -> str:
+    from spark_jobs import kafka_topic
+
+    return (f"{LOOPBACK}:{_kafka_port(settings)}, topic {settings.kafka_topic} "
+            f"({kafka_topic.partitions(settings)} partitions)")
+
+
+# -- spark ---------------------------------------------------------------------------------
+
+def spark_home() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise ServiceError("PySpark is not installed")
+    return Path(spec.origin).parent
+
+
+def _spark_daemons(settings: Settings) -> list[Daemon]:
+    folder = settings.services_dir / "spark"
+    home = spark_home()
+    env = {"SPARK_HOME": str(home), "SPARK_LOCAL_IP": LOOPBACK,
+           "SPARK_LOG_DIR": str(folder),
+           "SPARK_DAEMON_MEMORY": "512m"}
+    spark_class = str(home / "bin" / "spark-class")
+    master = f"spark://{LOOPBACK}:{SPARK_MASTER_PORT}"
+    return [
+        Daemon("master", folder, (
+            spark_class, "org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
+            "--port", str(SPARK_MASTER_PORT), "--webui-port", str(SPARK_MASTER_UI_PORT),
+            "--properties-file", str(folder / "spark-daemons.conf")),
+            SPARK_MASTER_PORT, env),
+        Daemon("worker", folder, (
+            spark_class, "org.apache.spark.deploy.worker.Worker", "--host", LOOPBACK,
+            "--cores", str(os.cpu_count() or 1), "--work-dir", str(folder / "work"),
+            "--webui-port", str(SPARK_WORKER_UI_PORT),
+            "--properties-file", str(folder / "spark-daemons.conf"), master),
+            SPARK_WORKER_UI_PORT, env),
+    ]
+
+
+def _prepare_spark(_settings: Settings, folder: Path) -> None:
+    (folder / "work").mkdir(parents=True, exist_ok=True)
+    (folder / "spark-daemons.conf").write_text("\n".join([
+        # The master's REST submission server takes any application from anyone who can
+        # reach it, without a login: off (spark-submit uses the master's RPC port).
+        "spark.master.rest.enabled false",
+        # The applications' folders on the worker (their logs and shipped files) are
+        # cleaned up after a day, so a long-running worker does not fill the disk.
+        "spark.worker.cleanup.enabled true",
+        "spark.worker.cleanup.appDataTtl 86400",
+        "",
+    ]))
+
+
+def _spark_worker_registered(settings: Settings) -> None:
+    """The worker answers once it is up, but a job waits until it has registered."""
+    import json
+    import urllib.request
+
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while True:
+        try:
+            with urllib.request.urlopen(
+                    f"http://{LOOPBACK}:{SPARK_MASTER_UI_PORT}/json/", timeout=2) as reply:
+                state = json.load(reply)
+            if any(worker.get("state") == "ALIVE" for worker in state.get("workers", [])):
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise ServiceError("spark: no worker registered with the master within "
+                               f"{START_TIMEOUT_SECONDS:.0f} s")
+        time.sleep(0.5)
+
+
+def _describe_spark(_settings: Settings) -> str:
+    return (f"master spark://{LOOPBACK}:{SPARK_MASTER_PORT} with one worker of "
+            f"{os.cpu_count()} cores")
+
+
+SERVICES: dict[str, Service] = {
+    service.name: service for service in (
+        Service("kafka", _kafka_daemons, _prepare_kafka, _kafka_topic_ready, _describe_kafka),
+        Service("spark", _spark_daemons, _prepare_spark, _spark_worker_registered,
+                _describe_spark),
+    )}
+
+
+def named(names: list[str]) -> list[Service]:
+    unknown = [name for name in names if name not in SERVICES]
+    if unknown or not names:
+        raise ConfigError(f"unknown service {', '.join(unknown) or '(none given)'}: choose "
+                          f"from {', '.join(SERVICES)}")
+    return [SERVICES[name] for name in names]

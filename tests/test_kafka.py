@@ -1,0 +1,184 @@
+"""The Kafka source against a real broker, started by the project's own command (``lakehouse
+services start kafka``): one broker for the module, a topic and a lake per test."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from spark_jobs import kafka_topic
+from spark_jobs.bronze import ad_events as bronze
+from tests.conftest import make_settings
+from tests.processes import (
+    committed_versions,
+    generate,
+    run_lakehouse,
+    start_stream,
+    wait_for_commits,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass(frozen=True)
+class Broker:
+    root: Path  # the services root: the broker's data and log
+    port: int
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"LAKEHOUSE_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{self.port}"}
+
+    def services(self, action: str) -> subprocess.CompletedProcess[str]:
+        return run_lakehouse("services", action, "kafka", "--root", str(self.root),
+                             env=self.env)
+
+    def topic_env(self, topic: str, **extra: str) -> dict[str, str]:
+        """What a lake reading ``topic`` from this broker is configured with."""
+        return {**self.env, "LAKEHOUSE_SOURCE": "kafka", "LAKEHOUSE_KAFKA_TOPIC": topic,
+                **extra}
+
+
+def free_port_pair() -> int:
+    """A port whose next one is free too: the broker's listener and its controller's."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port + 1)) != 0 and port < 65000:
+                return port
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    broker = Broker(tmp_path_factory.mktemp("kafka-services"), free_port_pair())
+    started = broker.services("start")
+    assert started.returncode == 0, started.stderr
+    yield broker
+    stopped = broker.services("stop")
+    assert stopped.returncode == 0, stopped.stderr
+
+
+def listening_addresses(port: int) -> set[str]:
+    listed = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True,
+                            text=True, check=True).stdout
+    return {line.split()[3].rsplit(":", 1)[0] for line in listed.splitlines()}
+
+
+def test_services_start_once_answer_on_loopback_and_say_so_in_one_line(broker, tmp_path) -> None:
+    again = broker.services("start")
+    # Already running: left alone, and the line says where and what topic.
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == (f"kafka: already running, 127.0.0.1:{broker.port}, "
+                                    f"topic ad-events (2 partitions)")
+    status = broker.services("status")
+    assert status.returncode == 0 and len(status.stdout.strip().splitlines()) == 1
+    assert status.stdout.startswith("kafka: running (broker pid ")
+    # Loopback only, the listener and the controller alike (Java shows IPv4 as mapped).
+    for port in (broker.port, broker.port + 1):
+        assert listening_addresses(port) <= {"127.0.0.1", "[::ffff:127.0.0.1]"}, port
+        assert listening_addresses(port), f"nothing listens on {port}"
+    # A second root cannot start a broker on a port the first one holds.
+    other = run_lakehouse("services", "start", "kafka", "--root", str(tmp_path / "other"),
+                          env=broker.env)
+    assert other.returncode == 1
+    assert f"port 127.0.0.1:{broker.port} is taken by another program" in other.stderr
+    assert not (tmp_path / "other" / "services" / "kafka" / "data").exists()
+
+
+def bronze_offsets(spark, lake: Path) -> list[tuple[int, int]]:
+    rows = (spark.read.format("delta").load(bronze.TABLE.path(make_settings(lake)))
+            .select("kafka_partition", "kafka_offset").collect())
+    return sorted((row.kafka_partition, row.kafka_offset) for row in rows)
+
+
+def test_exactly_once_from_kafka_across_a_driver_kill_and_a_broker_restart(
+        spark, broker, tmp_path) -> None:
+    lake = tmp_path / "lake"
+    # Small batches, so the kill lands with most of the topic still unread.
+    env = broker.topic_env("kill-restart", LAKEHOUSE_KAFKA_MAX_OFFSETS_PER_TRIGGER="250")
+    first = generate(lake, "--to", "kafka", "--events", "3000", "--seed", "21", env=env)
+    table = Path(bronze.TABLE.path(make_settings(lake)))
+
+    stream = start_stream(lake, "bronze", "--trigger", "1s", env=env)
+    wait_for_commits(table, 3, stream)
+    os.killpg(stream.pid, signal.SIGKILL)
+    stream.wait(timeout=60)
+    assert committed_versions(table) < 12, "the topic was read whole before the kill: no test"
+
+    # A new driver resumes from its checkpoint; the broker restarts under it while it runs,
+    # and more events arrive after.
+    stream = start_stream(lake, "bronze", "--trigger", "1s", env=env)
+    wait_for_commits(table, committed_versions(table) + 2, stream)
+    for action in ("stop", "start"):
+        done = broker.services(action)
+        assert done.returncode == 0, done.stderr
+    second = generate(lake, "--to", "kafka", "--events", "1000", "--seed", "22", env=env)
+    wait_for_commits(table, committed_versions(table) + 2, stream)
+    assert stream.poll() is None, f"the stream died with the broker:\n{stream.log()[-3000:]}"
+    stream.send_signal(signal.SIGTERM)
+    assert stream.wait(timeout=120) == 0, stream.log()[-3000:]
+
+    drained = run_lakehouse("stream", "--root", str(lake), "--available-now", env=env)
+    assert drained.returncode == 0, drained.stderr[-3000:]
+    # Every offset the topic holds is in bronze exactly once (blank lines are not sent).
+    held = kafka_topic.offsets(make_settings(lake, kafka_topic="kill-restart",
+                                             kafka_bootstrap_servers=f"127.0.0.1:{broker.port}"))
+    expected = sorted((partition, offset) for partition, (low, high) in held.items()
+                      for offset in range(low, high))
+    assert len(expected) == first["delivered"] + second["delivered"]
+    assert bronze_offsets(spark, lake) == expected
+    # And through silver: the generator's promise, reason by reason.
+    audit = run_lakehouse("audit", "--root", str(lake), "--expected", "--json", env=env)
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-3000:]
+    accounting = json.loads(audit.stdout)
+    assert accounting["identity_holds"] and accounting["expected"]["matches"], accounting
+
+
+def test_offsets_lost_while_the_stream_was_down_stop_it_until_the_loss_is_accepted(
+        spark, broker, tmp_path) -> None:
+    lake = tmp_path / "lake"
+    env = broker.topic_env("data-loss")
+    settings = make_settings(lake, kafka_topic="data-loss",
+                             kafka_bootstrap_servers=f"127.0.0.1:{broker.port}")
+    first = generate(lake, "--to", "kafka", "--events", "400", "--seed", "31", env=env)
+    bronze_only = ("stream", "--root", str(lake), "--layers", "bronze", "--available-now")
+    assert run_lakehouse(*bronze_only, env=env).returncode == 0
+    read = kafka_topic.offsets(settings)
+
+    # More events, then every message bronze has not read deleted, as retention would.
+    generate(lake, "--to", "kafka", "--events", "400", "--seed", "32", env=env)
+    held = kafka_topic.offsets(settings)
+    for partition, (_, high) in held.items():
+        kafka_topic.delete_before(settings, partition, high)
+    lost = [f"data-loss-{partition} offsets {read[partition][1]} to {high - 1}"
+            for partition, (_, high) in held.items() if high > read[partition][1]]
+
+    for _ in range(2):  # it does not skip by itself on a second try either
+        refused = run_lakehouse(*bronze_only, env=env)
+        assert refused.returncode == 1
+        message = refused.stderr.strip().splitlines()[-1]
+        assert message.startswith("lakehouse stream: stream bronze_ad_events failed: Kafka "
+                                  "no longer holds messages bronze had not read ("), message
+        assert any(range_text in message for range_text in lost), (lost, message)
+    assert len(bronze_offsets(spark, lake)) == first["delivered"]
+
+    # Accepted once, the stream goes on from the oldest message still held; then, with the
+    # check back on, new events flow as before.
+    accepted = run_lakehouse(*bronze_only, env={**env, "LAKEHOUSE_KAFKA_FAIL_ON_DATA_LOSS":
+                                                "false"})
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
+    third = generate(lake, "--to", "kafka", "--events", "100", "--seed", "33", env=env)
+    assert run_lakehouse(*bronze_only, env=env).returncode == 0
+    offsets = bronze_offsets(spark, lake)
+    assert len(offsets) == first["delivered"] + third["delivered"]
+    assert len(set(offsets)) == len(offsets)
