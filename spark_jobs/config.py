@@ -141,6 +141,7 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     kafka_fail_on_data_loss: Flag
     spark_master: str
     spark_driver_host: str
+    executor_python: str
     spark_java_options: str
     shuffle_partitions: Count
     file_listing_parallelism: Count

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -52,7 +53,24 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.warehouse.dir": str(settings.root / "warehouse"),
         "spark.driver.memory": "2g",
-    } | _java_options(settings) | _driver_address(settings)
+        # Python on the executors (a UDF, a stateful function) runs this interpreter, with
+        # the project's packages, rather than the first python3 on the PATH.
+        "spark.pyspark.python": executor_python(settings),
+    } | _java_options(settings) | _driver_address(settings) | _shipped_code(settings)
+
+
+def executor_python(settings: Settings) -> str:
+    return settings.executor_python or sys.executable
+
+
+def _shipped_code(settings: Settings) -> dict[str, str]:
+    """A cluster's executors get the driver's code (``--py-files`` under spark-submit); a
+    local master's run in the driver's own environment, which has it."""
+    if settings.spark_master.startswith("local"):
+        return {}
+    from spark_jobs.code_archive import code_archive
+
+    return {"spark.submit.pyFiles": str(code_archive())}
 
 
 def _java_options(settings: Settings) -> dict[str, str]:
@@ -109,16 +127,20 @@ def build_spark(settings: Settings, app_name: str = "lakehouse",
     ``extra_driver_options`` are added to the driver JVM's (when this call starts it)."""
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(app_name)
+    builder = SparkSession.builder
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        # Not under spark-submit, whose --master (Airflow's Spark connection) must win.
-        builder = builder.master(settings.spark_master)
+        # Not under spark-submit, whose --master (Airflow's Spark connection) and --name
+        # (the task's: lakehouse-<task id>) must win.
+        builder = builder.master(settings.spark_master).appName(app_name)
     conf = spark_conf(settings)
     if extra_driver_options:
         driver = conf.get("spark.driver.extraJavaOptions", "")
         conf["spark.driver.extraJavaOptions"] = f"{driver} {extra_driver_options}".strip()
     for key, value in conf.items():
         builder = builder.config(key, value)
+    # spark-submit turns spark.pyspark.python into the variable PySpark reads when it starts
+    # its context; a session built here must set it itself.
+    os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

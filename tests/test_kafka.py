@@ -3,7 +3,6 @@ services start kafka``): one broker for the module, a topic and a lake per test.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -14,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import kafka_topic
+from spark_jobs import audit, kafka_topic, streaming
 from spark_jobs.bronze import ad_events as bronze
+from spark_jobs.config import Settings
 from tests.conftest import make_settings
 from tests.processes import (
     committed_versions,
@@ -40,6 +40,11 @@ class Broker:
     def services(self, action: str) -> subprocess.CompletedProcess[str]:
         return run_lakehouse("services", action, "kafka", "--root", str(self.root),
                              env=self.env)
+
+    def lake(self, root: Path, topic: str, **overrides: object) -> Settings:
+        """The settings of a lake reading ``topic`` from this broker, for in-process runs."""
+        return make_settings(root, source="kafka", kafka_topic=topic,
+                             kafka_bootstrap_servers=f"127.0.0.1:{self.port}", **overrides)
 
     def topic_env(self, topic: str, **extra: str) -> dict[str, str]:
         """What a lake reading ``topic`` from this broker is configured with."""
@@ -128,31 +133,27 @@ def test_exactly_once_from_kafka_across_a_driver_kill_and_a_broker_restart(
     stream.send_signal(signal.SIGTERM)
     assert stream.wait(timeout=120) == 0, stream.log()[-3000:]
 
-    drained = run_lakehouse("stream", "--root", str(lake), "--available-now", env=env)
-    assert drained.returncode == 0, drained.stderr[-3000:]
+    # Drained in this process's session (a driver's start spared), every layer.
+    settings = broker.lake(lake, "kill-restart")
+    streaming.run_available_now(spark, settings, streaming.parse_layers(None))
     # Every offset the topic holds is in bronze exactly once (blank lines are not sent).
-    held = kafka_topic.offsets(make_settings(lake, kafka_topic="kill-restart",
-                                             kafka_bootstrap_servers=f"127.0.0.1:{broker.port}"))
+    held = kafka_topic.offsets(settings)
     expected = sorted((partition, offset) for partition, (low, high) in held.items()
                       for offset in range(low, high))
     assert len(expected) == first["delivered"] + second["delivered"]
     assert bronze_offsets(spark, lake) == expected
     # And through silver: the generator's promise, reason by reason.
-    audit = run_lakehouse("audit", "--root", str(lake), "--expected", "--json", env=env)
-    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-3000:]
-    accounting = json.loads(audit.stdout)
-    assert accounting["identity_holds"] and accounting["expected"]["matches"], accounting
+    accounting = audit.account(spark, settings, settings.expected_counts_file)
+    assert accounting.identity_holds and accounting.matches_expected, accounting.as_json()
 
 
 def test_offsets_lost_while_the_stream_was_down_stop_it_until_the_loss_is_accepted(
         spark, broker, tmp_path) -> None:
     lake = tmp_path / "lake"
     env = broker.topic_env("data-loss")
-    settings = make_settings(lake, kafka_topic="data-loss",
-                             kafka_bootstrap_servers=f"127.0.0.1:{broker.port}")
+    settings = broker.lake(lake, "data-loss")
     first = generate(lake, "--to", "kafka", "--events", "400", "--seed", "31", env=env)
-    bronze_only = ("stream", "--root", str(lake), "--layers", "bronze", "--available-now")
-    assert run_lakehouse(*bronze_only, env=env).returncode == 0
+    streaming.run_available_now(spark, settings, ["bronze"])
     read = kafka_topic.offsets(settings)
 
     # More events, then every message bronze has not read deleted, as retention would.
@@ -163,22 +164,25 @@ def test_offsets_lost_while_the_stream_was_down_stop_it_until_the_loss_is_accept
     lost = [f"data-loss-{partition} offsets {read[partition][1]} to {high - 1}"
             for partition, (_, high) in held.items() if high > read[partition][1]]
 
-    for _ in range(2):  # it does not skip by itself on a second try either
-        refused = run_lakehouse(*bronze_only, env=env)
-        assert refused.returncode == 1
-        message = refused.stderr.strip().splitlines()[-1]
-        assert message.startswith("lakehouse stream: stream bronze_ad_events failed: Kafka "
-                                  "no longer holds messages bronze had not read ("), message
-        assert any(range_text in message for range_text in lost), (lost, message)
+    # The command a user runs says so in its last line and exits 1 ...
+    refused = run_lakehouse("stream", "--root", str(lake), "--layers", "bronze",
+                            "--available-now", env=env)
+    assert refused.returncode == 1
+    message = refused.stderr.strip().splitlines()[-1]
+    assert message.startswith("lakehouse stream: stream bronze_ad_events failed: Kafka "
+                              "no longer holds messages bronze had not read ("), message
+    assert any(range_text in message for range_text in lost), (lost, message)
+    # ... and a second try does not skip by itself either.
+    with pytest.raises(streaming.StreamFailed, match="no longer holds messages"):
+        streaming.run_available_now(spark, settings, ["bronze"])
     assert len(bronze_offsets(spark, lake)) == first["delivered"]
 
     # Accepted once, the stream goes on from the oldest message still held; then, with the
     # check back on, new events flow as before.
-    accepted = run_lakehouse(*bronze_only, env={**env, "LAKEHOUSE_KAFKA_FAIL_ON_DATA_LOSS":
-                                                "false"})
-    assert accepted.returncode == 0, accepted.stderr[-3000:]
+    streaming.run_available_now(spark, settings.replace(kafka_fail_on_data_loss=False),
+                                ["bronze"])
     third = generate(lake, "--to", "kafka", "--events", "100", "--seed", "33", env=env)
-    assert run_lakehouse(*bronze_only, env=env).returncode == 0
+    streaming.run_available_now(spark, settings, ["bronze"])
     offsets = bronze_offsets(spark, lake)
     assert len(offsets) == first["delivered"] + third["delivered"]
     assert len(set(offsets)) == len(offsets)

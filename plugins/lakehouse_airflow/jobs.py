@@ -43,14 +43,21 @@ class LakehouseJob(SparkSubmitOperator):
         Spark setting."""
         from spark_jobs.session import spark_conf
 
-        conf = spark_conf(config.load())
+        settings = config.load()
+        conf = spark_conf(settings)
         self.jars = conf.pop("spark.jars")
+        # A cluster's executors get the project's code as spark-submit's --py-files.
+        self.py_files = conf.pop("spark.submit.pyFiles", None)
         self.conf = conf
         # The file, found without importing it (the CLI's imports are not for a worker's
         # process); the driver is this environment's Python, which has the project installed.
         self.application = importlib.util.find_spec("spark_jobs.cli").origin
-        self.env_vars = {"PYSPARK_PYTHON": sys.executable,
-                         "PYSPARK_DRIVER_PYTHON": sys.executable}
+        # The shipped zip also comes first on the driver's path, and a package imported
+        # from a zip cannot tell where its checkout is: the folders found here go along.
+        self.env_vars = {"PYSPARK_PYTHON": conf["spark.pyspark.python"],
+                         "PYSPARK_DRIVER_PYTHON": sys.executable,
+                         "LAKEHOUSE_JARS_DIR": str(settings.jars_dir),
+                         "LAKEHOUSE_EXPECTATIONS_DIR": str(settings.expectations_dir)}
 
 
 def lakehouse_job(task_id: str, verb: str, *args: str,
