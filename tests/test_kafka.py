@@ -4,6 +4,7 @@ services start kafka``): one broker for the module, a topic and a lake per test.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -186,3 +187,39 @@ def test_offsets_lost_while_the_stream_was_down_stop_it_until_the_loss_is_accept
     offsets = bronze_offsets(spark, lake)
     assert len(offsets) == first["delivered"] + third["delivered"]
     assert len(set(offsets)) == len(offsets)
+
+
+def test_the_lines_of_files_sent_by_any_client_give_the_accounting_of_the_files(
+        spark, broker, tmp_path) -> None:
+    import gzip
+
+    # A landing zone's files, every kind of file-level mess included ...
+    files_lake = tmp_path / "files"
+    generate(files_lake, "--events", "1500", "--events-per-file", "300", "--seed", "51")
+    from_files = make_settings(files_lake)
+    # ... and exactly their records as messages of a plain client: no key, one line each
+    # (what a file holds, less its encoding: BOM, CRLF, gzip; blank lines are not records).
+    kafka_lake = broker.lake(tmp_path / "kafka", "same-records")
+    kafka_topic.ensure_topic(kafka_lake)
+    records: list[bytes] = []
+    for path in sorted(from_files.landing_events.iterdir()):
+        content = path.read_bytes()
+        text = gzip.decompress(content) if path.name.endswith(".gz") else content
+        for line in text.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
+            if line.strip():
+                records.append(line.removesuffix(b"\r"))
+    kafka_topic.send(kafka_topic.producer(kafka_lake), "same-records",
+                     ((None, record) for record in records))
+    shutil.copytree(from_files.landing_campaigns, kafka_lake.landing_campaigns)
+
+    accountings = []
+    for settings in (from_files, kafka_lake):
+        streaming.run_available_now(spark, settings, ["bronze", "silver"])
+        accountings.append(audit.account(spark, settings))
+    by_files, by_kafka = accountings
+    # bronze == messages, and the same silver, quarantine (reason by reason) and
+    # duplicates as the files gave.
+    assert by_kafka.delivered == len(records) == by_files.delivered
+    assert (by_kafka.silver_rows, by_kafka.quarantine_by_reason, by_kafka.duplicates) == (
+        by_files.silver_rows, by_files.quarantine_by_reason, by_files.duplicates)
+    assert by_kafka.identity_holds and by_files.identity_holds
