@@ -8,11 +8,12 @@ JARS      := .cache/jars/.complete
 BROKER    := .cache/jars/kafka-broker/.complete
 CLASSES   := .cache/jars/classes.jsa
 BROWSER   := .cache/.chromium
+POSTGRES  := .cache/.postgresql
 ROOT      ?= data
 
 .PHONY: setup test lint run run-once bench chaos clean
 
-setup: $(INSTALLED) $(JARS) $(BROKER) $(CLASSES) $(BROWSER)
+setup: $(INSTALLED) $(JARS) $(BROKER) $(CLASSES) $(BROWSER) $(POSTGRES)
 
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +38,12 @@ $(CLASSES): $(INSTALLED) $(JARS) $(JAVA_BINARY)
 # The data quality report is tested in a real headless browser: Debian's chromium.
 $(BROWSER):
 	scripts/install-debian.sh chromium /usr/bin/chromium
+	mkdir -p $(dir $@) && touch $@
+
+# Debian's PostgreSQL server for `lakehouse services start postgres` (Airflow's database in
+# production; the Airflow DAG tests run on it).
+$(POSTGRES):
+	scripts/install-debian.sh postgresql '/usr/lib/postgresql/*/bin/postgres'
 	mkdir -p $(dir $@) && touch $@
 
 lint: $(INSTALLED)

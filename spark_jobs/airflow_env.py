@@ -54,10 +54,16 @@ def _begin_immediate_before_first_savepoint(connection: Connection, name: str) -
 
 def environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    named = any(key.startswith("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") for key in env)
+    if settings.airflow_database == "postgres" and not named:
+        from spark_jobs.services import postgres_url
+
+        # The services' PostgreSQL under the root; its password from the file it made.
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = postgres_url(settings)
+        named = True
     # The embedded SQLite database: the Airflow home is the project's, and no variable names
     # another database (a user's own home may have PostgreSQL in its airflow.cfg).
-    embedded = "AIRFLOW_HOME" not in env and not any(
-        key.startswith("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") for key in env)
+    embedded = "AIRFLOW_HOME" not in env and not named
     env.setdefault("AIRFLOW_HOME", str(settings.root / "airflow"))
     env.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(bundled("dags")))
     env.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(bundled("plugins")))

@@ -474,10 +474,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     services = verb("services", cmd_services,
                     "start, stop or show the real services beside the lakehouse (a Kafka "
-                    "broker, a Spark standalone master and worker), on loopback, data and "
-                    "logs under <root>/services")
+                    "broker, a Spark standalone master and worker, PostgreSQL), on loopback, "
+                    "data and logs under <root>/services")
     services.add_argument("action", choices=("start", "stop", "status"))
-    services.add_argument("names", nargs="+", metavar="NAME", help="kafka, spark")
+    services.add_argument("names", nargs="+", metavar="NAME", help="kafka, spark, postgres")
 
     stream = verb("stream", cmd_stream, "run the streaming layers")
     stream.add_argument("--layers", help="comma-separated layers, or all (default)")

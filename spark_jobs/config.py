@@ -139,6 +139,8 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     kafka_partitions: Count
     kafka_max_offsets_per_trigger: Count
     kafka_fail_on_data_loss: Flag
+    postgres_port: Count
+    airflow_database: Literal["sqlite", "postgres"]
     spark_master: str
     spark_driver_host: str
     executor_python: str

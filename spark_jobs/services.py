@@ -5,7 +5,9 @@
   ``make setup`` caches (``jars/kafka-broker/pom.xml``), at ``kafka_bootstrap_servers``, with
   ``kafka_topic`` created;
 - ``spark``: Spark's own standalone master and one worker with this machine's cores, from
-  the installed PySpark, at ``spark://127.0.0.1:7077``.
+  the installed PySpark, at ``spark://127.0.0.1:7077``;
+- ``postgres``: Debian's PostgreSQL, a database cluster of its own for Airflow at
+  ``postgres_port``, password authentication only.
 
 Each listens on loopback only, keeps its data and logs under ``<root>/services/<name>/``;
 ``start`` leaves a running service alone and returns once it answers (or fails with the
@@ -57,6 +59,7 @@ class Daemon:
     command: tuple[str, ...]
     port: int  # it answers once this loopback port accepts connections
     env: dict[str, str] = field(default_factory=dict)
+    stop_signal: int = signal.SIGTERM
 
     @property
     def pid_file(self) -> Path:
@@ -101,7 +104,7 @@ class Daemon:
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return False
-        _signal_group(pid, signal.SIGTERM)
+        _signal_group(pid, self.stop_signal)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -379,11 +382,140 @@ def _describe_spark(_settings: Settings) -> str:
             f"{os.cpu_count()} cores")
 
 
+# -- postgres ------------------------------------------------------------------------------
+
+POSTGRES_USER = "lakehouse"  # the database's own user, not a system account
+POSTGRES_DATABASE = "airflow"
+# The server refuses to run as root; as root, it runs as the system user Debian's package
+# made for it, dropping privileges with util-linux's setpriv (an exec: the pid is the
+# server's own).
+POSTGRES_SYSTEM_USER = "postgres"
+
+
+def _postgres_bin(program: str) -> str:
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{program}"),
+                   key=lambda path: int(path.parts[-3]) if path.parts[-3].isdigit() else 0)
+    if not found:
+        raise ServiceError("no PostgreSQL server: run 'make setup' (it installs Debian's "
+                           "postgresql) or apt-get install postgresql")
+    return str(found[-1])
+
+
+def _as_server_user(command: list[str]) -> list[str]:
+    if os.geteuid() != 0:
+        return command
+    return ["setpriv", "--reuid", POSTGRES_SYSTEM_USER, "--regid", POSTGRES_SYSTEM_USER,
+            "--init-groups", "--", *command]
+
+
+def _postgres_daemons(settings: Settings) -> list[Daemon]:
+    folder = settings.services_dir / "postgres"
+    return [Daemon("postgres", folder, tuple(_as_server_user([
+        _postgres_bin("postgres"), "-D", str(folder / "data"),
+        "-c", f"listen_addresses={LOOPBACK}", "-p", str(settings.postgres_port),
+        # Its socket in its own folder, not /var/run/postgresql (the system's server's).
+        "-c", f"unix_socket_directories={folder}"])),
+        settings.postgres_port,
+        # SIGTERM would wait for every client to disconnect; SIGINT ends their sessions.
+        stop_signal=signal.SIGINT)]
+
+
+def password_file(settings: Settings) -> Path:
+    """The database password, made at the first start (readable by its owner only): not in
+    the configuration, the repository or a log."""
+    return settings.services_dir / "postgres" / "password"
+
+
+def postgres_url(settings: Settings, *, driver: str = "postgresql+psycopg2") -> str:
+    """The database's URL, its password read from :func:`password_file`."""
+    from urllib.parse import quote
+
+    try:
+        password = password_file(settings).read_text().strip()
+    except OSError:
+        raise ServiceError(f"no PostgreSQL under {settings.services_dir}: start it with "
+                           f"'lakehouse services start postgres'") from None
+    return (f"{driver}://{POSTGRES_USER}:{quote(password, safe='')}@{LOOPBACK}:"
+            f"{settings.postgres_port}/{POSTGRES_DATABASE}")
+
+
+def _prepare_postgres(settings: Settings, folder: Path) -> None:
+    """A database cluster of its own, made once: password authentication only, over TCP on
+    loopback (no trust, no peer login)."""
+    import secrets
+
+    data = folder / "data"
+    if (data / "PG_VERSION").exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(24)
+    secret = password_file(settings)
+    secret.touch(mode=0o600)
+    secret.write_text(password + "\n")
+    if os.geteuid() == 0:
+        import pwd
+
+        account = pwd.getpwnam(POSTGRES_SYSTEM_USER)
+        os.chown(folder, account.pw_uid, account.pw_gid)
+        reachable = subprocess.run(_as_server_user(["test", "-w", str(folder)]), check=False)
+        if reachable.returncode != 0:
+            raise ServiceError(
+                f"postgres: the server runs as the {POSTGRES_SYSTEM_USER} user (root may not "
+                f"run it) and cannot reach {folder}: give the folders above it search "
+                f"permission (chmod o+x) or choose a root it can reach")
+    # initdb reads the password from a file the server's user can read, gone right after.
+    handed = folder / ".initdb-password"
+    handed.write_text(password + "\n")
+    if os.geteuid() == 0:
+        os.chown(handed, account.pw_uid, account.pw_gid)
+    try:
+        made = subprocess.run(_as_server_user([
+            _postgres_bin("initdb"), "-D", str(data), "-U", POSTGRES_USER,
+            "--auth=scram-sha-256", f"--pwfile={handed}", "--encoding=UTF8",
+            "--locale=C.UTF-8"]), capture_output=True, text=True, check=False)
+    finally:
+        handed.unlink(missing_ok=True)
+    if made.returncode != 0:
+        raise ServiceError(f"postgres: initdb failed: {(made.stderr or made.stdout)[-600:]}")
+
+
+def _postgres_database(settings: Settings) -> None:
+    """The ``airflow`` database, once the server takes connections."""
+    import psycopg2
+
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while True:
+        try:
+            connection = psycopg2.connect(postgres_url(settings, driver="postgresql")
+                                          .replace(f"/{POSTGRES_DATABASE}", "/postgres"))
+            break
+        except psycopg2.OperationalError as error:  # starting up
+            if time.monotonic() > deadline:
+                raise ServiceError(f"postgres does not take connections: {error}") from None
+            time.sleep(0.3)
+    try:
+        connection.autocommit = True  # CREATE DATABASE cannot run in a transaction
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                           (POSTGRES_DATABASE,))
+            if cursor.fetchone() is None:
+                cursor.execute(f"CREATE DATABASE {POSTGRES_DATABASE}")
+    finally:
+        connection.close()
+
+
+def _describe_postgres(settings: Settings) -> str:
+    return (f"postgresql://{POSTGRES_USER}@{LOOPBACK}:{settings.postgres_port}/"
+            f"{POSTGRES_DATABASE} (password in {password_file(settings)})")
+
+
 SERVICES: dict[str, Service] = {
     service.name: service for service in (
         Service("kafka", _kafka_daemons, _prepare_kafka, _kafka_topic_ready, _describe_kafka),
         Service("spark", _spark_daemons, _prepare_spark, _spark_worker_registered,
                 _describe_spark),
+        Service("postgres", _postgres_daemons, _prepare_postgres, _postgres_database,
+                _describe_postgres),
     )}
 
 

@@ -3,9 +3,13 @@ supervision parts (leases, graceful stop, health verdict)."""
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +17,7 @@ from spark_jobs import delta_reader
 from spark_jobs.airflow_env import environment
 from spark_jobs.config import PROJECT_DIR
 from spark_jobs.ops import heartbeat
+from spark_jobs.services import postgres_url
 from tests.conftest import cli_env, lakehouse_command, make_settings
 from tests.processes import generate, run_lakehouse, start_stream, wait_for
 
@@ -67,8 +72,14 @@ print(json.dumps({
 """
 
 
+# Lakes whose Airflow runs on the PostgreSQL of their own services, and its port.
+ON_POSTGRES: dict[Path, int] = {}
+
+
 def airflow(root, *args: str, timeout: int = 600, **extra: str):
-    env = environment(make_settings(root), cli_env(**extra))
+    database = ({"airflow_database": "postgres", "postgres_port": ON_POSTGRES[root]}
+                if root in ON_POSTGRES else {})
+    env = environment(make_settings(root, **database), cli_env(**extra))
     return subprocess.run(lakehouse_command("airflow", "--root", str(root), *args), env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -164,17 +175,46 @@ def test_how_many_days_rebuild_at_once_is_configuration(tmp_path) -> None:
 
 
 @pytest.fixture(scope="module")
-def airflow_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("airflow") / "lake"
+def airflow_root():
+    """A lake whose Airflow runs on PostgreSQL, the production setting: Debian's server,
+    started under the root by `lakehouse services start postgres` (the live tests run
+    Airflow on the embedded SQLite)."""
+    # The server runs as the postgres user when the tests run as root: its folder must be
+    # reachable by that user, which pytest's private temporary folders are not.
+    base = Path(tempfile.mkdtemp(prefix="lakehouse-airflow-"))
+    base.chmod(0o711)
+    root = base / "lake"
+    port = free_port()
+    env = {"LAKEHOUSE_POSTGRES_PORT": str(port)}
+    started = run_lakehouse("services", "start", "postgres", "--root", str(root), env=env)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.startswith(f"postgres: started, postgresql://lakehouse@127.0.0.1:"
+                                      f"{port}/airflow (password in "), started.stdout
+    # Its password is in a file only its owner reads, never in what the command prints.
+    secret = root / "services" / "postgres" / "password"
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert secret.read_text().strip() not in started.stdout + started.stderr
+    ON_POSTGRES[root] = port
     migrated = airflow(root, "db", "migrate")
     assert migrated.returncode == 0, migrated.stderr[-2000:]
-    return root
+    yield root
+    stopped = run_lakehouse("services", "stop", "postgres", "--root", str(root), env=env)
+    assert stopped.returncode == 0, stopped.stderr
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 @pytest.mark.timeout(1200)
 def test_dags_run_for_real_streaming_reprocess_quality_and_maintenance(airflow_root
                                                                      ) -> None:
     root = airflow_root
+    # Airflow's own records are in PostgreSQL, not in a SQLite file under the root.
+    assert not list(root.rglob("airflow.db"))
     generate(root, "--events", "1500", "--seed", "3")
     streamed = airflow(root, "dags", "test", "lakehouse_streaming",
                        LAKEHOUSE_STREAMING_MODE="scheduled")
@@ -212,6 +252,16 @@ def test_dags_run_for_real_streaming_reprocess_quality_and_maintenance(airflow_r
              "PYTHONPATH": str(PROJECT_DIR / "plugins")},
         capture_output=True, text=True, timeout=120, check=True).stdout
     assert "silver_ad_events" in page and "gold_campaign_stats" in page
+
+    # Each DAG's run is recorded in PostgreSQL.
+    import psycopg2
+
+    url = postgres_url(make_settings(root, postgres_port=ON_POSTGRES[root]),
+                       driver="postgresql")
+    with psycopg2.connect(url) as connection, connection.cursor() as cursor:
+        cursor.execute("SELECT dag_id, state FROM dag_run")
+        runs = set(cursor.fetchall())
+    assert {(dag_id, "success") for dag_id in DAG_IDS} <= runs, runs
 
 
 def test_bad_params_are_refused_by_name(airflow_root) -> None:
