@@ -9,11 +9,12 @@ BROKER    := .cache/jars/kafka-broker/.complete
 CLASSES   := .cache/jars/classes.jsa
 BROWSER   := .cache/.chromium
 POSTGRES  := .cache/.postgresql
+COMPOSE   := .cache/.docker-compose
 ROOT      ?= data
 
 .PHONY: setup test lint run run-once bench chaos clean
 
-setup: $(INSTALLED) $(JARS) $(BROKER) $(CLASSES) $(BROWSER) $(POSTGRES)
+setup: $(INSTALLED) $(JARS) $(BROKER) $(CLASSES) $(BROWSER) $(POSTGRES) $(COMPOSE)
 
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +45,12 @@ $(BROWSER):
 # production; the Airflow DAG tests run on it).
 $(POSTGRES):
 	scripts/install-debian.sh postgresql '/usr/lib/postgresql/*/bin/postgres'
+	mkdir -p $(dir $@) && touch $@
+
+# Debian's docker-compose checks docker/compose.yaml against Compose's schema without a
+# Docker engine (tests/test_docker.py); nothing runs a container.
+$(COMPOSE):
+	scripts/install-debian.sh docker-compose /usr/bin/docker-compose
 	mkdir -p $(dir $@) && touch $@
 
 lint: $(INSTALLED)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs a Debian package unless the file it provides is there already.
 #   install-debian.sh PACKAGE FILE   (FILE may be a glob, e.g. /usr/lib/postgresql/*/bin/pg_ctl)
-# chromium drives the browser tests; postgresql is `lakehouse services start postgres`.
+# chromium drives the browser tests; postgresql is `lakehouse services start postgres`;
+# docker-compose checks docker/compose.yaml (no engine needed).
 set -euo pipefail
 package=$1
 provided=$2

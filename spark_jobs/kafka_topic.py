@@ -163,3 +163,19 @@ def send(producer: Producer, topic: str, records: Iterable[tuple[bytes | None, b
         raise ServiceError(f"Kafka did not take every message sent to {topic}: "
                            f"{failures[:3] or 'the broker did not confirm within 60 s'}")
     return sent
+
+
+def main() -> int:
+    """``python -m spark_jobs.kafka_topic``: create the configured topic unless it exists
+    (the Docker stack's one-shot set-up; ``lakehouse services start kafka`` does it too)."""
+    from spark_jobs.config import load
+
+    settings = load()
+    count = ensure_topic(settings)
+    print(f"topic {settings.kafka_topic} at {settings.kafka_bootstrap_servers}: "
+          f"{count} partitions")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
