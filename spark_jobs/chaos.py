@@ -237,11 +237,10 @@ class Feed:
     """The generator writing a file of ``rate`` events every second, in a thread."""
 
     def __init__(self, settings: Settings, options: ChaosOptions) -> None:
-        from spark_jobs.generator import GenerateRequest, Mess, generate
+        from spark_jobs.generator import GenerateRequest, Mess, generate, rules_of
 
         request = GenerateRequest(events=0, seed=options.seed, start=datetime.now(UTC),
-                                  mess=Mess(**MESS), rate=options.rate,
-                                  derive_missing_event_id=settings.derive_missing_event_id)
+                                  mess=Mess(**MESS), rate=options.rate, **rules_of(settings))
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=generate, name="chaos-feed", daemon=True,

@@ -86,7 +86,14 @@ def _writable_root(settings: Settings) -> Settings:
 
 
 def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
-    from spark_jobs.generator import EventSink, GenerateRequest, KafkaSink, Mess, generate
+    from spark_jobs.generator import (
+        EventSink,
+        GenerateRequest,
+        KafkaSink,
+        Mess,
+        generate,
+        rules_of,
+    )
     from spark_jobs.streaming import stop_on_signals
 
     mess_fields = Mess.__dataclass_fields__
@@ -99,7 +106,7 @@ def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
         events=args.events, seed=args.seed, start=args.start or datetime.now(UTC), mess=mess,
         events_per_file=args.events_per_file, rate=args.rate,
         span=timedelta(seconds=interval_seconds(args.span)) if args.span else timedelta(0),
-        derive_missing_event_id=settings.derive_missing_event_id)
+        **rules_of(settings))
     sink: EventSink | None = None
     if args.to == "kafka":
         from spark_jobs import kafka_topic

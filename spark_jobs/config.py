@@ -39,6 +39,7 @@ BUNDLED_PACKAGES = {"dags": "lakehouse_dags", "plugins": "lakehouse_plugins",
                     "expectations": "lakehouse_expectations"}
 # Where every server the project starts listens unless configured otherwise.
 LOOPBACK = "127.0.0.1"
+LOOPBACK_NAMES = frozenset({"localhost", LOOPBACK, "::1"})
 _INTERVAL = re.compile(r"^\s*(\d+)\s*(ms|millisecond|second|minute|hour|day|s|m|h|d)s?\s*$")
 _UNIT_SECONDS = {
     "ms": 0.001, "millisecond": 0.001, "s": 1, "second": 1,
@@ -157,6 +158,7 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     streaming_schedule: str
     future_tolerance: Interval
     derive_missing_event_id: Flag
+    purchase_requires_price: Flag
     extra_event_time_formats: Annotated[tuple[str, ...], BeforeValidator(_items)]
     watermark_delay: Interval
     window_duration: Interval

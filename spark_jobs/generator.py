@@ -27,6 +27,8 @@ from spark_jobs.progress import SILENT, Steps
 if TYPE_CHECKING:
     from confluent_kafka import Producer
 
+    from spark_jobs.config import Settings
+
 EVENT_TYPES = ("view", "click", "purchase")
 # YSB's shares: mostly views, few clicks; purchases are this project's extension.
 EVENT_TYPE_WEIGHTS = (0.80, 0.15, 0.05)
@@ -78,11 +80,12 @@ class EventGenerator:
 
     def __init__(self, seed: int, start: datetime, mess: Mess,
                  derive_missing_event_id: bool = False, campaigns: int = 100,
-                 ads_per_campaign: int = 10) -> None:
+                 ads_per_campaign: int = 10, purchase_requires_price: bool = True) -> None:
         self.rng = random.Random(seed)
         self.start = start
         self.mess = mess
         self.derive_missing_event_id = derive_missing_event_id
+        self.purchase_requires_price = purchase_requires_price
         self.campaign_ids = [self._uuid() for _ in range(campaigns)]
         self.ad_campaign = {self._uuid(): campaign for campaign in self.campaign_ids
                             for _ in range(ads_per_campaign)}
@@ -256,6 +259,8 @@ class EventGenerator:
             event["price"] = "free"
         else:
             event["price"] = None
+        if problem in (0, 3) and not self.purchase_requires_price:
+            return json.dumps(event).encode(), reasons.VALID  # no price: allowed, no revenue
         return json.dumps(event).encode(), reasons.BAD_PRICE
 
     def records(self, count: int, now: datetime, expected: ExpectedCounts) -> Iterator[bytes]:
@@ -325,6 +330,7 @@ class GenerateRequest:
     # of traffic exercises windows, watermarks and dates as production does.
     span: timedelta = timedelta(0)
     derive_missing_event_id: bool = False
+    purchase_requires_price: bool = True
 
 
 class EventSink(Protocol):
@@ -363,6 +369,12 @@ def message_key(record: bytes) -> bytes | None:
     return user.encode() if isinstance(user, str) else None
 
 
+def rules_of(settings: Settings) -> dict[str, bool]:
+    """The validation settings a generator must know to say which records are valid."""
+    return {"derive_missing_event_id": settings.derive_missing_event_id,
+            "purchase_requires_price": settings.purchase_requires_price}
+
+
 def generate(request: GenerateRequest, landing_events: Path, landing_campaigns: Path,
              expected_file: Path, should_stop: Callable[[], bool] = lambda: False,
              steps: Steps = SILENT, sink: EventSink | None = None) -> ExpectedCounts:
@@ -371,7 +383,8 @@ def generate(request: GenerateRequest, landing_events: Path, landing_campaigns: 
     The events go to files in ``landing_events``, or to ``sink`` when one is given; the
     mapping always goes to ``landing_campaigns``."""
     generator = EventGenerator(request.seed, request.start, request.mess,
-                               request.derive_missing_event_id)
+                               request.derive_missing_event_id,
+                               purchase_requires_price=request.purchase_requires_price)
     run_name = f"seed{request.seed}-{request.start:%Y%m%dT%H%M%S}"
     for number, mapping in enumerate(generator.campaign_mappings()):
         lines = "".join(json.dumps(row) + "\n" for row in mapping).encode()

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from spark_jobs.config import LOOPBACK, ConfigError, Settings
+from spark_jobs.config import ConfigError, Settings
 from spark_jobs.services import MAX_MESSAGE_BYTES, ServiceError
 
 if TYPE_CHECKING:
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 # How long a client waits for the broker before it says the broker does not answer.
 ANSWER_TIMEOUT_SECONDS = 10.0
-LOOPBACK_NAMES = frozenset({"localhost", LOOPBACK, "::1"})
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,8 @@ def _client_settings(settings: Settings) -> dict[str, object]:
 def admin(settings: Settings) -> AdminClient:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(_client_settings(settings))
+    # Asking for a topic's metadata must not create it on a broker that allows that.
+    return AdminClient({**_client_settings(settings), "allow.auto.create.topics": False})
 
 
 def answers(settings: Settings, timeout: float = ANSWER_TIMEOUT_SECONDS) -> bool:

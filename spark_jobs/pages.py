@@ -1,12 +1,11 @@
 """HTML pages from Jinja2 templates, escaped by default: what comes from the data (an
 expectation's observed values, a stream's state) can never become markup. A template lives
-in the ``templates`` folder beside the module that renders it (package data of the wheel).
+in the ``templates`` folder of the package that renders it (package data of the wheel).
 """
 
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -18,15 +17,18 @@ def shown(value: object) -> object:
 
 
 @cache
-def _environment(folder: Path) -> jinja2.Environment:
+def _environment(package: str) -> jinja2.Environment:
+    # A package loader reads the templates from a zip as well (the code a cluster's
+    # driver imports from spark-submit's --py-files).
     environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(folder), autoescape=True,
+        loader=jinja2.PackageLoader(package, "templates"), autoescape=True,
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     environment.filters["shown"] = shown
     return environment
 
 
-def render(module_file: str, template: str, **context: Any) -> str:
-    """``templates/<template>`` beside ``module_file`` (the caller's ``__file__``)."""
-    folder = Path(module_file).resolve().parent / "templates"
-    return _environment(folder).get_template(template).render(**context)
+def render(package: str | None, template: str, **context: Any) -> str:
+    """``templates/<template>`` of ``package`` (the caller's ``__package__``)."""
+    if not package:
+        raise ValueError(f"{template}: render from a module of a package")
+    return _environment(package).get_template(template).render(**context)

@@ -11,7 +11,8 @@
 
 Each listens on loopback only, keeps its data and logs under ``<root>/services/<name>/``;
 ``start`` leaves a running service alone and returns once it answers (or fails with the
-end of its log); ``stop`` asks each process to stop (SIGTERM) and waits, then kills;
+end of its log); ``stop`` asks each process to stop (SIGTERM; PostgreSQL SIGINT, its fast
+shutdown) and waits, then kills;
 ``status`` prints one line per service. Test fixtures use these same functions.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -26,11 +28,11 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spark_jobs.config import LOOPBACK, ConfigError, Settings
+from spark_jobs.config import LOOPBACK, LOOPBACK_NAMES, ConfigError, Settings
 
 START_TIMEOUT_SECONDS = 90.0
 STOP_GRACE_SECONDS = 30.0
@@ -60,6 +62,11 @@ class Daemon:
     port: int  # it answers once this loopback port accepts connections
     env: dict[str, str] = field(default_factory=dict)
     stop_signal: int = signal.SIGTERM
+    other_ports: tuple[int, ...] = ()  # it also binds these: they must be free too
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return (self.port, *self.other_ports)
 
     @property
     def pid_file(self) -> Path:
@@ -70,14 +77,14 @@ class Daemon:
         return self.folder / f"{self.name}.log"
 
     def pid(self) -> int | None:
-        """The running process, or None. A pid file whose process is gone, or whose number
-        now belongs to another program, names nothing."""
+        """The running process, or None. The pid file holds the process's number and its
+        start time: a number that now belongs to another program names nothing."""
         try:
-            pid = int(self.pid_file.read_text().strip())
-            command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
+            pid_text, started = self.pid_file.read_text().split()
+            pid = int(pid_text)
         except (OSError, ValueError):
             return None
-        return pid if str(self.folder).encode() in command_line else None
+        return pid if _start_time(pid) == started and not _zombie(pid) else None
 
     def start(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -85,7 +92,7 @@ class Daemon:
             process = subprocess.Popen(
                 self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env}, cwd=self.folder, start_new_session=True)
-        self.pid_file.write_text(f"{process.pid}\n")
+        self.pid_file.write_text(f"{process.pid} {_start_time(process.pid)}\n")
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while not port_open(self.port):
             if process.poll() is not None:
@@ -110,7 +117,10 @@ class Daemon:
             time.sleep(0.2)
         if _alive(pid):
             _signal_group(pid, signal.SIGKILL)
+            deadline = time.monotonic() + STOP_GRACE_SECONDS
             while _alive(pid):
+                if time.monotonic() > deadline:
+                    raise ServiceError(f"{self.name} (pid {pid}) outlived SIGKILL")
                 time.sleep(0.1)
         self.pid_file.unlink(missing_ok=True)
         return True
@@ -139,9 +149,26 @@ def _zombie(pid: int) -> bool:
         return False
 
 
+def _start_time(pid: int) -> str | None:
+    """When the process started (clock ticks since boot): with its number, its identity."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def _signal_group(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signum)  # the daemon leads its own session: its children go too
+    """Signal the daemon and its children: it leads its own session and group (started so);
+    a process that does not lead one is signalled alone, never a group it merely joined."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        raise ServiceError(f"no permission to signal pid {pid}") from None
 
 
 def port_open(port: int, host: str = LOOPBACK) -> bool:
@@ -158,6 +185,14 @@ def java() -> str:
     return binary
 
 
+def _java_or_name() -> str:
+    """``java`` as a command line names it; checked where it must run (preparing)."""
+    try:
+        return java()
+    except ServiceError:
+        return "java"
+
+
 @dataclass(frozen=True)
 class Service:
     """A named service: its processes in start order, what to prepare before the first
@@ -172,25 +207,38 @@ class Service:
     def folder(self, settings: Settings) -> Path:
         return settings.services_dir / self.name
 
+    @contextlib.contextmanager
+    def _exclusive(self, settings: Settings) -> Iterator[None]:
+        """One start or stop of this service of this root at a time (two starts would both
+        prepare its storage and both launch it)."""
+        folder = self.folder(settings)
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     def start(self, settings: Settings) -> str:
-        daemons = self.daemons(settings)
-        if all(daemon.pid() is not None for daemon in daemons):
+        daemons = self.daemons(settings)  # a configuration it cannot run fails first
+        with self._exclusive(settings):
+            if all(daemon.pid() is not None for daemon in daemons):
+                self.when_up(settings)
+                return f"{self.name}: already running, {self.describe(settings)}"
+            for daemon in daemons:
+                taken = [port for port in daemon.ports if port_open(port)]
+                if daemon.pid() is None and taken:
+                    raise ServiceError(
+                        f"{self.name}: port {LOOPBACK}:{taken[0]} is taken by another "
+                        f"program (not the {daemon.name} of {self.folder(settings)})")
+            self.prepare(settings, self.folder(settings))
+            for daemon in daemons:
+                if daemon.pid() is None:
+                    daemon.start()
             self.when_up(settings)
-            return f"{self.name}: already running, {self.describe(settings)}"
-        for daemon in daemons:
-            if daemon.pid() is None and port_open(daemon.port):
-                raise ServiceError(
-                    f"{self.name}: port {LOOPBACK}:{daemon.port} is taken by another program "
-                    f"(not the {daemon.name} of {self.folder(settings)})")
-        self.prepare(settings, self.folder(settings))
-        for daemon in daemons:
-            if daemon.pid() is None:
-                daemon.start()
-        self.when_up(settings)
-        return f"{self.name}: started, {self.describe(settings)}"
+            return f"{self.name}: started, {self.describe(settings)}"
 
     def stop(self, settings: Settings) -> str:
-        stopped = [daemon.stop() for daemon in reversed(self.daemons(settings))]
+        with self._exclusive(settings):
+            stopped = [daemon.stop() for daemon in reversed(self.daemons(settings))]
         return f"{self.name}: {'stopped' if any(stopped) else 'not running'}"
 
     def status(self, settings: Settings) -> str:
@@ -209,7 +257,7 @@ class Service:
 # -- kafka ---------------------------------------------------------------------------------
 
 def _kafka_port(settings: Settings) -> int:
-    from spark_jobs.kafka_topic import LOOPBACK_NAMES, bootstrap_address
+    from spark_jobs.kafka_topic import bootstrap_address
 
     address = bootstrap_address(settings)
     if address.host not in LOOPBACK_NAMES:
@@ -223,7 +271,7 @@ def _kafka_daemons(settings: Settings) -> list[Daemon]:
     folder = settings.services_dir / "kafka"
     jars = settings.kafka_broker_jars
     return [Daemon("broker", folder, (
-        java(), "-Xms256m", "-Xmx512m", "-XX:+UseG1GC",
+        _java_or_name(), "-Xms256m", "-Xmx512m", "-XX:+UseG1GC",
         f"-Dlog4j2.configurationFile={folder / 'log4j2.properties'}",
         "-cp", f"{jars}/*", "kafka.Kafka", str(folder / "server.properties")),
         _kafka_port(settings))]
@@ -279,7 +327,9 @@ def _prepare_kafka(settings: Settings, folder: Path) -> None:
         "",
     ]))
     if not (data / "meta.properties").exists():
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # read as an option by the storage tool
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         formatted = subprocess.run(
             [java(), "-Xmx256m", f"-Dlog4j2.configurationFile={folder / 'log4j2.properties'}",
              "-cp", f"{jars}/*", "kafka.tools.StorageTool", "format", "-t", cluster_id,
@@ -332,7 +382,7 @@ def _spark_daemons(settings: Settings) -> list[Daemon]:
             spark_class, "org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
             "--port", str(SPARK_MASTER_PORT), "--webui-port", str(SPARK_MASTER_UI_PORT),
             "--properties-file", str(folder / "spark-daemons.conf")),
-            SPARK_MASTER_PORT, env),
+            SPARK_MASTER_PORT, env, other_ports=(SPARK_MASTER_UI_PORT,)),
         Daemon("worker", folder, (
             spark_class, "org.apache.spark.deploy.worker.Worker", "--host", LOOPBACK,
             "--cores", str(os.cpu_count() or 1), "--work-dir", str(folder / "work"),
@@ -348,6 +398,9 @@ def _prepare_spark(_settings: Settings, folder: Path) -> None:
         # The master's REST submission server takes any application from anyone who can
         # reach it, without a login: off (spark-submit uses the master's RPC port).
         "spark.master.rest.enabled false",
+        # A taken port fails the start instead of moving the page to the next port, where
+        # the worker's or the readiness check's idea of it would be wrong.
+        "spark.port.maxRetries 0",
         # The applications' folders on the worker (their logs and shipped files) are
         # cleaned up after a day, so a long-running worker does not fill the disk.
         "spark.worker.cleanup.enabled true",
@@ -449,9 +502,7 @@ def _prepare_postgres(settings: Settings, folder: Path) -> None:
         return
     folder.mkdir(parents=True, exist_ok=True)
     password = secrets.token_urlsafe(24)
-    secret = password_file(settings)
-    secret.touch(mode=0o600)
-    secret.write_text(password + "\n")
+    _write_private(password_file(settings), password)
     if os.geteuid() == 0:
         import pwd
 
@@ -465,9 +516,8 @@ def _prepare_postgres(settings: Settings, folder: Path) -> None:
                 f"permission (chmod o+x) or choose a root it can reach")
     # initdb reads the password from a file the server's user can read, gone right after.
     handed = folder / ".initdb-password"
-    handed.write_text(password + "\n")
-    if os.geteuid() == 0:
-        os.chown(handed, account.pw_uid, account.pw_gid)
+    _write_private(handed, password,
+                   owner=(account.pw_uid, account.pw_gid) if os.geteuid() == 0 else None)
     try:
         made = subprocess.run(_as_server_user([
             _postgres_bin("initdb"), "-D", str(data), "-U", POSTGRES_USER,
@@ -477,6 +527,16 @@ def _prepare_postgres(settings: Settings, folder: Path) -> None:
         handed.unlink(missing_ok=True)
     if made.returncode != 0:
         raise ServiceError(f"postgres: initdb failed: {(made.stderr or made.stdout)[-600:]}")
+
+
+def _write_private(path: Path, text: str, owner: tuple[int, int] | None = None) -> None:
+    """``text`` in a file only its owner can read, from its first byte on."""
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        if owner is not None:
+            os.fchown(file.fileno(), *owner)
+        file.write(text + "\n")
 
 
 def _postgres_database(settings: Settings) -> None:

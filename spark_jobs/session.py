@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from spark_jobs import class_archive
-from spark_jobs.config import LOOPBACK, ConfigError, Settings
+from spark_jobs.config import LOOPBACK, LOOPBACK_NAMES, ConfigError, Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -59,6 +59,15 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     } | _java_options(settings) | _driver_address(settings) | _shipped_code(settings)
 
 
+def _master_on_loopback(settings: Settings) -> bool:
+    """A local master, or a cluster on this machine's loopback (`lakehouse services start
+    spark`), whose executors reach a driver listening on loopback."""
+    from urllib.parse import urlparse
+
+    master = settings.spark_master
+    return master.startswith("local") or urlparse(master).hostname in LOOPBACK_NAMES
+
+
 def executor_python(settings: Settings) -> str:
     return settings.executor_python or sys.executable
 
@@ -89,8 +98,7 @@ def _java_options(settings: Settings) -> dict[str, str]:
 def _driver_address(settings: Settings) -> dict[str, str]:
     """Where the driver's ports bind: not to whatever address the machine's name resolves
     to when nothing outside this machine needs to reach them."""
-    host = settings.spark_driver_host or (
-        LOOPBACK if settings.spark_master.startswith("local") else "")
+    host = settings.spark_driver_host or (LOOPBACK if _master_on_loopback(settings) else "")
     return {"spark.driver.host": host, "spark.driver.bindAddress": host} if host else {}
 
 

@@ -175,7 +175,7 @@ def test_how_many_days_rebuild_at_once_is_configuration(tmp_path) -> None:
 
 
 @pytest.fixture(scope="module")
-def airflow_root():
+def airflow_root(request):
     """A lake whose Airflow runs on PostgreSQL, the production setting: Debian's server,
     started under the root by `lakehouse services start postgres` (the live tests run
     Airflow on the embedded SQLite)."""
@@ -186,6 +186,12 @@ def airflow_root():
     root = base / "lake"
     port = free_port()
     env = {"LAKEHOUSE_POSTGRES_PORT": str(port)}
+
+    def stop() -> None:  # also when a check below fails: no server outlives the module
+        run_lakehouse("services", "stop", "postgres", "--root", str(root), env=env)
+        shutil.rmtree(base, ignore_errors=True)
+
+    request.addfinalizer(stop)
     started = run_lakehouse("services", "start", "postgres", "--root", str(root), env=env)
     assert started.returncode == 0, started.stderr
     assert started.stdout.startswith(f"postgres: started, postgresql://lakehouse@127.0.0.1:"
@@ -197,10 +203,7 @@ def airflow_root():
     ON_POSTGRES[root] = port
     migrated = airflow(root, "db", "migrate")
     assert migrated.returncode == 0, migrated.stderr[-2000:]
-    yield root
-    stopped = run_lakehouse("services", "stop", "postgres", "--root", str(root), env=env)
-    assert stopped.returncode == 0, stopped.stderr
-    shutil.rmtree(base, ignore_errors=True)
+    return root
 
 
 def free_port() -> int:

@@ -10,7 +10,10 @@ import yaml
 from spark_jobs.config import PROJECT_DIR
 
 COMPOSE = PROJECT_DIR / "docker" / "compose.yaml"
-SECRETS = {"POSTGRES_PASSWORD": "p", "AIRFLOW_JWT_SECRET": "j", "AIRFLOW_SECRET_KEY": "k"}
+SECRETS = {"POSTGRES_PASSWORD": "p", "AIRFLOW_JWT_SECRET": "j", "AIRFLOW_SECRET_KEY": "k",
+           "AIRFLOW_FERNET_KEY": "f"}
+AIRFLOW_PARTS = {"airflow-init", "airflow-apiserver", "airflow-scheduler",
+                 "airflow-dag-processor"}
 ONE_SHOTS = {"kafka-topic", "airflow-init"}
 
 
@@ -40,6 +43,14 @@ def test_the_stack_is_a_valid_compose_file_with_every_part_and_health_checks() -
     assert scheduler["LAKEHOUSE_SOURCE"] == "kafka"
     assert scheduler["LAKEHOUSE_SPARK_MASTER"] == "spark://spark-master:7077"
     assert scheduler["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://")
+    # Airflow's secrets go to Airflow's parts only, not to the Spark workers or the feed.
+    for name, service in services.items():
+        environment = service.get("environment", {})
+        holds = {key for key in environment if "SECRET" in key or "FERNET" in key
+                 or "SQL_ALCHEMY_CONN" in key}
+        assert bool(holds) == (name in AIRFLOW_PARTS), (name, holds)
+    # Kafka keeps its log on its volume.
+    assert services["kafka"]["environment"]["KAFKA_LOG_DIRS"] == "/var/lib/kafka/data"
     # Only the UI is published, on the host's loopback unless configured otherwise.
     published = {name: service["ports"] for name, service in services.items()
                  if "ports" in service}

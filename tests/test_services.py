@@ -31,9 +31,9 @@ def test_unknown_services_and_a_remote_broker_are_refused_by_name(tmp_path) -> N
 def test_a_pid_file_naming_another_program_names_no_service(tmp_path) -> None:
     daemon = services.SERVICES["kafka"].daemons(make_settings(tmp_path))[0]
     daemon.folder.mkdir(parents=True)
-    # A stale pid file whose number now belongs to another program (this test's process):
-    # the service is stopped, and stop does not signal that program.
-    daemon.pid_file.write_text(f"{os.getpid()}\n")
+    # A stale pid file whose number now belongs to another program (this test's process,
+    # which started at another time): the service is stopped, and stop does not signal it.
+    daemon.pid_file.write_text(f"{os.getpid()} 1\n")
     assert daemon.pid() is None
     assert not daemon.stop()
     assert not daemon.pid_file.exists()

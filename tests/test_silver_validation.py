@@ -150,3 +150,21 @@ def test_derived_event_ids_are_deterministic_and_marked(spark) -> None:
     # The same content, keys in another order: still the same event, so still a duplicate.
     assert first.event_id == second.event_id
     assert first.event_id != verdict(spark, ysb.replace('"u"', '"v"'), rules).event_id
+
+
+def test_a_purchase_without_a_price_is_allowed_only_when_configured(spark) -> None:
+    lenient = Rules(future_tolerance_seconds=86400, derive_missing_event_id=False,
+                    purchase_requires_price=False)
+    absent, null = event(event_type="purchase"), event(event_type="purchase", price=None)
+    # By default a purchase needs a price ...
+    assert {verdict(spark, raw).reason for raw in (absent, null)} == {reasons.BAD_PRICE}
+    # ... and for a producer that sends none, it is kept with no price (no revenue).
+    for raw in (absent, null):
+        row = verdict(spark, raw, lenient)
+        assert (row.reason, row.event_type, row.price) == (None, "purchase", None)
+    # A price that is there must still be a number >= 0, whatever the setting.
+    for price in (-1.5, "free"):
+        bad = event(event_type="purchase", price=price)
+        assert verdict(spark, bad, lenient).reason == reasons.BAD_PRICE
+    assert verdict(spark, event(event_type="purchase", price="9.99"), lenient).price == \
+        Decimal("9.99")

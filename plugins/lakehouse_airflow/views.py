@@ -283,7 +283,7 @@ def _row(status: StreamStatus) -> dict[str, object]:
 def render_stream_health(statuses: Sequence[StreamStatus], outcome: Verdict,
                          now: datetime, root: str = "") -> str:
     """The page: the verdict, then one row per stream. It refreshes itself every 30 s."""
-    return pages.render(__file__, "stream_health.html.j2", root=root, now=_when(now),
+    return pages.render(__package__, "stream_health.html.j2", root=root, now=_when(now),
                         verdict=outcome, columns=COLUMNS,
                         rows=[_row(status) for status in statuses],
                         falling_behind_batches=FALLING_BEHIND_BATCHES)

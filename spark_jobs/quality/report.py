@@ -181,7 +181,7 @@ def render(measures: Measures, run: ValidationRun | None = None) -> str:
         ("late", plots.late_chart(measures.late)))}
     scope = ("whole tables" if run is None or run.first is None
              else f"event dates {run.first} to {run.last}")
-    return pages.render(__file__, "report.html.j2", generated_at=measures.generated_at,
+    return pages.render(__package__, "report.html.j2", generated_at=measures.generated_at,
                         days=measures.days, scope=scope, status=status, headline=headline,
                         suites=suites, failures=failures, freshness=freshness_rows, plots=svg)
 

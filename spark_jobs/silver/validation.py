@@ -40,11 +40,15 @@ class Rules:
     # parser fix for a producer's format reaches silver (and reprocessing recovers the
     # records quarantined before it).
     extra_time_formats: tuple[str, ...] = ()
+    # Off for producers that send no price at all (the Yahoo Streaming Benchmark's): a
+    # purchase without one is kept with a NULL price, no revenue. A price that is there
+    # must still be a number >= 0.
+    purchase_requires_price: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Rules:
         return cls(interval_seconds(settings.future_tolerance), settings.derive_missing_event_id,
-                   settings.extra_event_time_formats)
+                   settings.extra_event_time_formats, settings.purchase_requires_price)
 
 
 def _type_of(value: Column) -> Column:
@@ -153,6 +157,7 @@ def validate(bronze: DataFrame, rules: Rules) -> DataFrame:
     event_time, event_type, price = F.col("_event_time"), F.col("_event_type"), F.col("_price")
     id_missing, is_object = F.col("_id_missing"), F.col("_is_object")
     time_absent = _value("event_time").isNull() | (_kind("event_time") == "VOID")
+    price_absent = _value("price").isNull() | (_kind("price") == "VOID")
     checks: list[tuple[str, Column, Column]] = [
         (reasons.INVALID_ENCODING, F.col("raw").contains("\ufffd"),
          F.lit("the record has bytes that are not UTF-8")),
@@ -185,7 +190,8 @@ def validate(bronze: DataFrame, rules: Rules) -> DataFrame:
         (reasons.MISSING_AD_ID, blank("ad_id"), F.lit("ad_id is missing, null or empty")),
         (reasons.INVALID_AD_ID, ~blank("ad_id") & (_kind("ad_id") != "STRING"),
          F.concat(F.lit("ad_id is not a string: "), _shown(_value("ad_id")))),
-        (reasons.BAD_PRICE, (event_type == "purchase") & F.coalesce(price < 0, F.lit(True)),
+        (reasons.BAD_PRICE, (event_type == "purchase") & F.coalesce(price < 0, F.lit(True))
+         & ~(price_absent & F.lit(not rules.purchase_requires_price)),
          F.concat(F.lit("a purchase needs a price >= 0: "), _shown(_value("price")))),
     ]
     assert [code for code, _, _ in checks] == list(reasons.PRECEDENCE)
