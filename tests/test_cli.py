@@ -1,3 +1,4 @@
+import socket
 import subprocess
 from pathlib import Path
 
@@ -63,11 +64,25 @@ def test_generate_writes_the_landing_zone_and_expected_counts(tmp_path: Path) ->
     assert len(list((tmp_path / "landing" / "campaigns").iterdir())) == 2
 
 
-def test_an_unbuilt_kafka_source_is_refused_not_replaced_by_files(tmp_path: Path) -> None:
+def test_a_kafka_source_without_a_broker_is_refused_not_replaced_by_files(tmp_path: Path
+                                                                         ) -> None:
+    # Events in the landing zone, but the stream is configured for Kafka, where no broker
+    # answers: it says so and reads nothing else instead.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    generated = subprocess.run(lakehouse_command("generate", "--root", str(tmp_path),
+                                                 "--events", "100"),
+                               env=cli_env(), capture_output=True, timeout=120)
+    assert generated.returncode == 0
     done = subprocess.run(
         lakehouse_command("stream", "--root", str(tmp_path), "--layers", "bronze",
                           "--available-now"),
-        env=cli_env(LAKEHOUSE_SOURCE="kafka"), capture_output=True, text=True, timeout=180)
-    assert done.returncode == 2
-    assert "the Kafka reader is not" in done.stderr
+        env=cli_env(LAKEHOUSE_SOURCE="kafka",
+                    LAKEHOUSE_KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{closed_port}"),
+        capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1
+    assert (f"Kafka at 127.0.0.1:{closed_port} does not answer" in done.stderr
+            and "lakehouse services start kafka" in done.stderr), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+    assert not (tmp_path / "tables" / "bronze").exists()

@@ -55,15 +55,16 @@ def comparable(spark, lake: Path, table: registry.Table):
         for column, dtype in rows.dtypes if column not in PROCESSING_TIME_COLUMNS])
 
 
-def test_the_pipeline_on_the_cluster_equals_local_mode_table_by_table(
-        spark, cluster, tmp_path) -> None:
-    source = tmp_path / "source"
-    generate(source, "--events", "1500", "--events-per-file", "500", "--span", "2 hours",
-             "--seed", "41")
-    lakes = {"local": tmp_path / "local", "cluster": tmp_path / "cluster"}
+@pytest.fixture(scope="module")
+def lakes(spark, cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The same messy landing zone streamed through every layer in local mode and on the
+    cluster."""
+    base = tmp_path_factory.mktemp("lakes")
+    generate(base / "source", "--events", "1500", "--events-per-file", "500", "--span",
+             "2 hours", "--seed", "41")
+    lakes = {"local": base / "local", "cluster": base / "cluster"}
     for lake in lakes.values():
-        shutil.copytree(source / "landing", lake / "landing")
-
+        shutil.copytree(base / "source" / "landing", lake / "landing")
     # Local mode in this process's session (a driver's start spared), the cluster as a user
     # runs it.
     streaming.run_available_now(spark, make_settings(lakes["local"]),
@@ -72,7 +73,10 @@ def test_the_pipeline_on_the_cluster_equals_local_mode_table_by_table(
                                env={"LAKEHOUSE_SPARK_MASTER": MASTER})
     assert on_cluster.returncode == 0, on_cluster.stderr[-3000:]
     assert "lakehouse-stream-bronze-silver-gold" in applications_run_by_master()
+    return lakes
 
+
+def test_the_pipeline_on_the_cluster_equals_local_mode_table_by_table(spark, lakes) -> None:
     for table in registry.TABLES.values():
         if table.layer not in ("bronze", "silver", "gold"):
             continue  # ops and quality record the runs themselves: times, durations
@@ -113,21 +117,25 @@ def test_executors_import_the_code_the_driver_ships_with_its_interpreter(cluster
 
 
 def test_an_airflow_job_submits_to_the_cluster_with_the_code_and_jars(
-        cluster, tmp_path, monkeypatch) -> None:
+        lakes, monkeypatch) -> None:
     from lakehouse_airflow.jobs import lakehouse_job
     from spark_jobs import config
     from spark_jobs.airflow_env import environment
 
+    lake = lakes["cluster"]
     # The worker's environment as `lakehouse airflow` makes it: the lakehouse_spark
     # connection points at the configured master.
     monkeypatch.setenv("LAKEHOUSE_SPARK_MASTER", MASTER)
-    monkeypatch.setenv("LAKEHOUSE_ROOT", str(tmp_path / "lake"))
+    monkeypatch.setenv("LAKEHOUSE_ROOT", str(lake))
     for key, value in environment(config.load()).items():
         monkeypatch.setenv(key, value)
-    job = lakehouse_job("cluster_probe", "sql", "--root", str(tmp_path / "lake"),
-                        "SELECT 1 AS one")
+    # The quality DAG's job: its driver imports the project from the zip spark-submit puts
+    # first on its path, and must still find the suites, the jars and the report's
+    # templates there.
+    job = lakehouse_job("cluster_validate", "validate", "--root", str(lake))
     job.resolve()
     assert job.py_files and job.py_files.endswith(".zip")
     assert all(jar.endswith(".jar") for jar in job.jars.split(","))
     job.execute(context={})
-    assert "lakehouse-cluster_probe" in applications_run_by_master()
+    assert "lakehouse-cluster_validate" in applications_run_by_master()
+    assert list((lake / "reports").glob("quality-*.html"))

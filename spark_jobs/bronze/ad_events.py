@@ -185,7 +185,6 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
     """The landing zone or the Kafka topic to bronze. The source's checkpoint (files read,
     or offsets) and Delta's idempotent sink make each delivery land exactly once, whenever
     the driver dies."""
-    ensure_table(spark, settings, TABLE)
     if settings.source == "kafka":
         records = records_from_kafka(kafka_messages(spark, settings))
     else:
@@ -193,6 +192,7 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
         records = lines_from_files(whole_files(spark, settings.landing_events, LANDING_GLOB,
                                                settings.max_files_per_trigger))
     records = records.observe(RECORDS_METRIC, F.count(F.lit(1)).alias("rows"))
+    ensure_table(spark, settings, TABLE)  # once the source is there
     return (records.writeStream
             .queryName(QUERY_NAME)
             .format("delta")
