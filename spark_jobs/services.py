@@ -479,7 +479,8 @@ def password_file(settings: Settings) -> Path:
     return settings.services_dir / "postgres" / "password"
 
 
-def postgres_url(settings: Settings, *, driver: str = "postgresql+psycopg2") -> str:
+def postgres_url(settings: Settings, *, driver: str = "postgresql+psycopg2",
+                 database: str = POSTGRES_DATABASE) -> str:
     """The database's URL, its password read from :func:`password_file`."""
     from urllib.parse import quote
 
@@ -489,7 +490,7 @@ def postgres_url(settings: Settings, *, driver: str = "postgresql+psycopg2") -> 
         raise ServiceError(f"no PostgreSQL under {settings.services_dir}: start it with "
                            f"'lakehouse services start postgres'") from None
     return (f"{driver}://{POSTGRES_USER}:{quote(password, safe='')}@{LOOPBACK}:"
-            f"{settings.postgres_port}/{POSTGRES_DATABASE}")
+            f"{settings.postgres_port}/{database}")
 
 
 def _prepare_postgres(settings: Settings, folder: Path) -> None:
@@ -546,8 +547,8 @@ def _postgres_database(settings: Settings) -> None:
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while True:
         try:
-            connection = psycopg2.connect(postgres_url(settings, driver="postgresql")
-                                          .replace(f"/{POSTGRES_DATABASE}", "/postgres"))
+            connection = psycopg2.connect(postgres_url(settings, driver="postgresql",
+                                                       database="postgres"))
             break
         except psycopg2.OperationalError as error:  # starting up
             if time.monotonic() > deadline:

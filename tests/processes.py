@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -86,3 +87,10 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 180) -> 
     while not condition():
         assert time.monotonic() < deadline, what
         time.sleep(0.5)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

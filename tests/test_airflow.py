@@ -4,7 +4,6 @@ supervision parts (leases, graceful stop, health verdict)."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,7 @@ from spark_jobs.config import PROJECT_DIR
 from spark_jobs.ops import heartbeat
 from spark_jobs.services import postgres_url
 from tests.conftest import cli_env, lakehouse_command, make_settings
-from tests.processes import generate, run_lakehouse, start_stream, wait_for
+from tests.processes import free_port, generate, run_lakehouse, start_stream, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -205,11 +204,6 @@ def airflow_root(request):
     assert migrated.returncode == 0, migrated.stderr[-2000:]
     return root
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.timeout(1200)

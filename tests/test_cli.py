@@ -1,10 +1,10 @@
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import cli_env, lakehouse_command
+from tests.processes import free_port
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -68,9 +68,7 @@ def test_a_kafka_source_without_a_broker_is_refused_not_replaced_by_files(tmp_pa
                                                                          ) -> None:
     # Events in the landing zone, but the stream is configured for Kafka, where no broker
     # answers: it says so and reads nothing else instead.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed_port = probe.getsockname()[1]
+    closed_port = free_port()
     generated = subprocess.run(lakehouse_command("generate", "--root", str(tmp_path),
                                                  "--events", "100"),
                                env=cli_env(), capture_output=True, timeout=120)

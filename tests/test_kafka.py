@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,9 +16,11 @@ import pytest
 from spark_jobs import audit, kafka_topic, streaming
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
+from spark_jobs.services import port_open
 from tests.conftest import make_settings
 from tests.processes import (
     committed_versions,
+    free_port,
     generate,
     run_lakehouse,
     start_stream,
@@ -56,12 +57,9 @@ class Broker:
 def free_port_pair() -> int:
     """A port whose next one is free too: the broker's listener and its controller's."""
     while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port + 1)) != 0 and port < 65000:
-                return port
+        port = free_port()
+        if port < 65000 and not port_open(port + 1):
+            return port
 
 
 @pytest.fixture(scope="module")

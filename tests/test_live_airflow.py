@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ from spark_jobs.demo import DAGS, DEMO_TRIGGER, PASSWORDS_FILE
 from spark_jobs.ops import heartbeat
 from tests.browser import airflow_ui
 from tests.conftest import cli_env, lakehouse_command, make_settings
-from tests.processes import run_lakehouse, wait_for
+from tests.processes import free_port, run_lakehouse, wait_for
 
 # Airflow, a stream and the Spark jobs the scheduler submits share two cores: slow, not stuck.
 pytestmark = [pytest.mark.integration, pytest.mark.live, pytest.mark.timeout(1800)]
@@ -86,11 +85,6 @@ class Live:
         response.raise_for_status()
         return json.dumps(response.json())  # structured log events, searched as text
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def stop_tree(process: subprocess.Popen[bytes]) -> None:
