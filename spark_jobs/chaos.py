@@ -106,6 +106,8 @@ class JobOutcome:
     exit_code: int  # of its last attempt
     attempts: int  # a failed job is retried once, as the Airflow task would be
     seconds: float
+    # The end of each failed attempt's output: why it failed, in the report itself.
+    failures: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -298,18 +300,27 @@ class Fire:
         command = [_LAKEHOUSE, *args,
                    "--root", str(self.settings.root)]
         code = -1
+        failures: list[str] = []
         for attempt in (1, 2):
             with self.log_file.open("ab") as sink:
                 sink.write(f"\n== {name}, attempt {attempt}\n".encode())
                 sink.flush()
+                output_from = sink.tell()
                 code = subprocess.run(command, env=dict(os.environ, **env), stdout=sink,
                                       stderr=sink, timeout=self.JOB_TIMEOUT_SECONDS
                                       ).returncode
             if code == 0:
                 break
-        outcome = JobOutcome(name, code, attempt, round(time.monotonic() - started, 1))
+            failures.append(self._output_tail(output_from))
+        outcome = JobOutcome(name, code, attempt, round(time.monotonic() - started, 1),
+                             failures)
         log.info("beside the kills: %s", outcome)
         return outcome
+
+    def _output_tail(self, offset: int, characters: int = 3000) -> str:
+        with self.log_file.open("rb") as source:
+            source.seek(offset)
+            return source.read().decode(errors="replace")[-characters:]
 
     def stop(self) -> list[JobOutcome]:
         """Let the job under way finish (its result counts), then stop."""

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 # A table another job is creating exists within moments; this many looks, 0.5 s apart and
 # growing, before its folder is reported as foreign.
 CREATE_ATTEMPTS = 5
+# A creation's temporary commit file older than this is a creation killed, not one under way
+# (which renames it into place within a second or two of writing it).
+TORN_AFTER_SECONDS = 60
 # What a table being created by another job looks like before its first commit.
 CREATING = frozenset({"DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "DELTA_TABLE_NOT_FOUND"})
 
@@ -105,10 +108,11 @@ def _create_once(builder: DeltaTableBuilder, spec: TableSpec, path: str) -> None
     moment later its retry finds the winner's table and writes nothing; a folder that stays
     foreign is still refused.
 
-    A log folder that stays empty is a creation killed between making the folder and
-    writing the first commit (the chaos battery SIGKILLed a driver there): Delta then calls
-    the table missing and will not create it, for every process after. Such a folder holds
-    nothing, so it is removed (only while empty) and the table created."""
+    A log folder that stays without a commit is a creation killed between making the folder
+    and writing the first commit (the chaos battery SIGKILLed a driver there): Delta then
+    calls the table missing and will not create it, for every process after. Such a folder
+    holds nothing of the table, so it is removed (see ``_remove_torn_log``) and the table
+    created."""
     from pyspark.errors import AnalysisException
 
     for attempt in range(1, CREATE_ATTEMPTS + 1):
@@ -127,12 +131,37 @@ def _create_once(builder: DeltaTableBuilder, spec: TableSpec, path: str) -> None
 
 
 def _remove_torn_log(path: str) -> bool:
-    """Remove the table's ``_delta_log`` if it is an empty local folder; whether it was."""
+    """Remove the table's ``_delta_log`` if it is a local folder a killed creation left
+    behind; whether it was.
+
+    Delta 4.4 makes the log folder together with its ``_staged_commits`` folder, then
+    writes commit 0 to a hidden temporary file (with Hadoop's hidden checksum beside it) and
+    renames it into place. Killed before the rename, it leaves empty folders and hidden
+    files, never a commit: that is torn. A hidden file younger than ``TORN_AFTER_SECONDS``
+    may be a creation under way, and anything else (a commit, a checkpoint) is a table, so
+    neither is touched. The folders go with ``rmdir``, which fails, changing nothing, if a
+    commit landed meanwhile."""
     log = _local_log(path)
-    if log is None or not os.path.isdir(log) or os.listdir(log):
+    if log is None or not os.path.isdir(log):
         return False
+    now = time.time()
+    hidden: list[str] = []
+    folders: list[str] = []
+    for entry in os.scandir(log):
+        if entry.is_dir(follow_symlinks=False):
+            if os.listdir(entry.path):
+                return False
+            folders.append(entry.path)
+        elif (entry.name.startswith(".")
+              and now - entry.stat().st_mtime >= TORN_AFTER_SECONDS):
+            hidden.append(entry.path)
+        else:
+            return False
     try:
-        os.rmdir(log)  # fails, and changes nothing, if a commit landed meanwhile
+        for file in hidden:
+            os.remove(file)
+        for folder in [*folders, log]:
+            os.rmdir(folder)
     except OSError:
         return False
     return True

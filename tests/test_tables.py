@@ -1,8 +1,10 @@
 """Table helpers: rows the driver holds become a DataFrame without Python workers; tables
 are created once however many jobs start at the same moment."""
 
+import os
 import shutil
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -108,11 +110,32 @@ def test_a_table_is_ensured_once_until_its_log_is_gone_or_its_name_points_elsewh
 
 def test_a_creation_killed_before_its_first_commit_does_not_block_the_table(
         spark, tmp_path) -> None:
-    # A driver SIGKILLed between making the log folder and writing commit 0 leaves an empty
-    # _delta_log, which Delta calls a missing table it will not create (the chaos battery
-    # wedged ops.stream_progress so: every later process failed to start its streams).
+    # A driver SIGKILLed between making the log folder and renaming commit 0 into place
+    # leaves what Delta 4.4 writes first: _delta_log/_staged_commits/ and the hidden
+    # temporary commit with its checksum. Delta calls that a missing table it will not
+    # create (the chaos battery wedged ops.stream_progress so, twice: every later process
+    # failed to start its streams or its maintenance).
     settings = make_settings(tmp_path / "lake")
     torn = Path(bronze.TABLE.path(settings)) / "_delta_log"
-    torn.mkdir(parents=True)
+    (torn / "_staged_commits").mkdir(parents=True)
+    killed_an_hour_ago = time.time() - 3600
+    for name in (".00000000000000000000.json.0b5e.tmp", "..00000000000000000000.json.0b5e.tmp.crc"):
+        (torn / name).write_text("{")
+        os.utime(torn / name, (killed_an_hour_ago, killed_an_hour_ago))
     ensure_table(spark, settings, bronze.TABLE)
     assert delta_reader.latest_version(bronze.TABLE.path(settings)) == 0
+
+
+def test_a_creation_under_way_or_a_table_is_never_taken_for_a_torn_one(tmp_path) -> None:
+    log = tmp_path / "table" / "_delta_log"
+    (log / "_staged_commits").mkdir(parents=True)
+    # A temporary commit written a moment ago: another job is creating the table now.
+    (log / ".00000000000000000000.json.77aa.tmp").write_text("{")
+    assert not tables._remove_torn_log(str(tmp_path / "table"))
+    assert (log / ".00000000000000000000.json.77aa.tmp").exists()
+    # A commit, however old the rest: a table, left alone.
+    (log / ".00000000000000000000.json.77aa.tmp").unlink()
+    (log / "00000000000000000000.json").write_text("{}")
+    os.utime(log / "00000000000000000000.json", (0, 0))
+    assert not tables._remove_torn_log(str(tmp_path / "table"))
+    assert (log / "00000000000000000000.json").exists()
