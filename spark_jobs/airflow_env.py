@@ -63,8 +63,14 @@ def environment(settings: Settings, base: Mapping[str, str] | None = None) -> di
         named = True
     # The embedded SQLite database: the Airflow home is the project's, and no variable names
     # another database (a user's own home may have PostgreSQL in its airflow.cfg).
-    embedded = "AIRFLOW_HOME" not in env and not named
+    own_home = "AIRFLOW_HOME" not in env
+    embedded = own_home and not named
     env.setdefault("AIRFLOW_HOME", str(settings.root / "airflow"))
+    if own_home:
+        from spark_jobs.services import LOGIN_SECRET_VARIABLE, login_secret
+
+        # The login's key, kept under the root, which the Spark daemons' pages check too.
+        env[LOGIN_SECRET_VARIABLE] = login_secret(settings, env)
     env.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(bundled("dags")))
     env.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(bundled("plugins")))
     env.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")

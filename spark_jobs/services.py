@@ -27,8 +27,9 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,11 @@ SPARK_MASTER_PORT = 7077
 # no login of its own, so they are not served beyond this machine.
 SPARK_MASTER_UI_PORT = 8081
 SPARK_WORKER_UI_PORT = 8082
+# Spark's own filter for its pages: a signed token (JWS) in the Authorization header.
+SPARK_UI_FILTER = "org.apache.spark.ui.JWSFilter"
+LOGIN_SECRET_VARIABLE = "AIRFLOW__API_AUTH__JWT_SECRET"
+# Airflow signs with HS512 (a 512-bit key is its match); Spark's check refuses under 256.
+LOGIN_SECRET_MIN_BYTES = 32
 
 
 # The largest message the broker and the producer take: the contract's records run up to
@@ -392,12 +398,26 @@ def _spark_daemons(settings: Settings) -> list[Daemon]:
     ]
 
 
-def _prepare_spark(_settings: Settings, folder: Path) -> None:
+def _prepare_spark(settings: Settings, folder: Path) -> None:
     (folder / "work").mkdir(parents=True, exist_ok=True)
-    (folder / "spark-daemons.conf").write_text("\n".join([
+    _write_private(folder / "spark-daemons.conf", spark_daemon_properties(settings))
+
+
+def spark_daemon_properties(settings: Settings) -> str:
+    """The master's and workers' settings (a ``--properties-file``), here and in the Docker
+    stack's containers."""
+    # Spark's filter wants the key base64url-encoded; Airflow signs with the text's bytes.
+    ui_key = base64.urlsafe_b64encode(login_secret(settings).encode()).decode()
+    return "\n".join([
         # The master's REST submission server takes any application from anyone who can
         # reach it, without a login: off (spark-submit uses the master's RPC port).
         "spark.master.rest.enabled false",
+        # The master's and worker's pages (and their /json/) answer only a request bearing a
+        # token signed with the Airflow login's key: the token Airflow's login gives, in an
+        # Authorization header. Without one, or with an expired or forged one: 403.
+        f"spark.ui.filters {SPARK_UI_FILTER}",
+        f"spark.{SPARK_UI_FILTER}.param.secretKey {ui_key}",
+        f"spark.{SPARK_UI_FILTER}.param.requireExpiration true",
         # A taken port fails the start instead of moving the page to the next port, where
         # the worker's or the readiness check's idea of it would be wrong.
         "spark.port.maxRetries 0",
@@ -405,20 +425,17 @@ def _prepare_spark(_settings: Settings, folder: Path) -> None:
         # cleaned up after a day, so a long-running worker does not fill the disk.
         "spark.worker.cleanup.enabled true",
         "spark.worker.cleanup.appDataTtl 86400",
-        "",
-    ]))
+    ])
 
 
 def _spark_worker_registered(settings: Settings) -> None:
     """The worker answers once it is up, but a job waits until it has registered."""
     import json
-    import urllib.request
 
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while True:
         try:
-            with urllib.request.urlopen(
-                    f"http://{LOOPBACK}:{SPARK_MASTER_UI_PORT}/json/", timeout=2) as reply:
+            with urllib.request.urlopen(spark_page(settings, "/json/"), timeout=2) as reply:
                 state = json.load(reply)
             if any(worker.get("state") == "ALIVE" for worker in state.get("workers", [])):
                 return
@@ -428,6 +445,20 @@ def _spark_worker_registered(settings: Settings) -> None:
             raise ServiceError("spark: no worker registered with the master within "
                                f"{START_TIMEOUT_SECONDS:.0f} s")
         time.sleep(0.5)
+
+
+def spark_page(settings: Settings, path: str, port: int = SPARK_MASTER_UI_PORT,
+               valid_for_seconds: int = 60) -> urllib.request.Request:
+    """A request for a page of the Spark daemons, bearing a short-lived token signed with
+    the Airflow login's key, as the token Airflow's own login gives is."""
+    import jwt
+
+    now = int(time.time())
+    token = jwt.encode({"sub": "lakehouse services", "iat": now, "nbf": now,
+                        "exp": now + valid_for_seconds}, login_secret(settings),
+                       algorithm="HS512")
+    return urllib.request.Request(f"http://{LOOPBACK}:{port}{path}",
+                                  headers={"Authorization": f"Bearer {token}"})
 
 
 def _describe_spark(_settings: Settings) -> str:
@@ -471,6 +502,42 @@ def _postgres_daemons(settings: Settings) -> list[Daemon]:
         settings.postgres_port,
         # SIGTERM would wait for every client to disconnect; SIGINT ends their sessions.
         stop_signal=signal.SIGINT)]
+
+
+def login_secret(settings: Settings, env: Mapping[str, str] | None = None) -> str:
+    """The key Airflow signs its logins' tokens with (``[api_auth] jwt_secret``), which the
+    Spark daemons' pages check too: one login for every page the project serves. The
+    environment's ``AIRFLOW__API_AUTH__JWT_SECRET`` when set; otherwise made at the first
+    use under the root, readable by its owner only (not in the configuration, the
+    repository or a log)."""
+    import secrets
+
+    env = os.environ if env is None else env
+    if given := env.get(LOGIN_SECRET_VARIABLE):
+        if len(given.encode()) < LOGIN_SECRET_MIN_BYTES:
+            raise ServiceError(
+                f"{LOGIN_SECRET_VARIABLE} is {len(given.encode())} bytes: the login's tokens "
+                f"are signed with HMAC, which wants a key of at least "
+                f"{LOGIN_SECRET_MIN_BYTES} bytes (python -c 'import secrets; "
+                f"print(secrets.token_urlsafe(64))' makes one)")
+        return given
+    path = login_secret_file(settings)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Made aside and linked into place: two first uses at once keep the first's key.
+        draft = path.with_name(f".{path.name}.{os.getpid()}")
+        _write_private(draft, secrets.token_urlsafe(64))
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return path.read_text().strip()
+
+
+def login_secret_file(settings: Settings) -> Path:
+    return settings.root / "airflow" / "login-secret"
 
 
 def password_file(settings: Settings) -> Path:
@@ -586,3 +653,33 @@ def named(names: list[str]) -> list[Service]:
         raise ConfigError(f"unknown service {', '.join(unknown) or '(none given)'}: choose "
                           f"from {', '.join(SERVICES)}")
     return [SERVICES[name] for name in names]
+
+
+def main(arguments: list[str] | None = None) -> int:
+    """For the Docker stack's Spark containers, which run the daemons in the foreground:
+    ``python -m spark_jobs.services spark-properties FILE`` writes their settings (readable by
+    the owner only), ``python -m spark_jobs.services spark-page PORT`` is their health check
+    (exit 0 when the page answers a token of the login)."""
+    import sys
+
+    from spark_jobs.config import load
+
+    try:
+        match sys.argv[1:] if arguments is None else arguments:
+            case ["spark-properties", file]:
+                _write_private(Path(file), spark_daemon_properties(load()))
+                return 0
+            case ["spark-page", port] if port.isdigit():
+                with urllib.request.urlopen(spark_page(load(), "/json/", int(port)),
+                                            timeout=5) as reply:
+                    return 0 if reply.status == 200 else 1
+    except (ServiceError, OSError) as failed:
+        print(f"spark: {failed}", file=sys.stderr)
+        return 1
+    print("usage: python -m spark_jobs.services spark-properties FILE | spark-page PORT",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,9 +5,11 @@ same input: every table of bronze, silver and gold the same."""
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,12 @@ import pytest
 from pyspark.sql import functions as F
 
 from spark_jobs import registry, streaming
-from spark_jobs.services import SPARK_MASTER_PORT, SPARK_MASTER_UI_PORT
+from spark_jobs.services import (
+    SPARK_MASTER_PORT,
+    SPARK_MASTER_UI_PORT,
+    SPARK_WORKER_UI_PORT,
+    login_secret_file,
+)
 from tests.conftest import cli_env, make_settings
 from tests.processes import generate, run_lakehouse
 
@@ -38,10 +45,33 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     assert stopped.returncode == 0, stopped.stderr
 
 
-def applications_run_by_master() -> list[str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{SPARK_MASTER_UI_PORT}/json/",
-                                timeout=10) as reply:
-        state = json.load(reply)
+def airflow_token(secret: str, valid_for: float = 60) -> str:
+    """A token as Airflow's login makes one (its own generator: HS512 over the
+    ``[api_auth] jwt_secret`` text, an audience, an expiry)."""
+    from airflow.api_fastapi.auth.tokens import JWTGenerator
+
+    return JWTGenerator(secret_key=secret, valid_for=valid_for, algorithm="HS512",
+                        audience="apache-airflow").generate({"sub": "admin"})
+
+
+def the_login_of(root: Path) -> str:
+    return login_secret_file(make_settings(root)).read_text().strip()
+
+
+def page(port: int, path: str, token: str | None) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, b""
+
+
+def applications_run_by_master(cluster: Path) -> list[str]:
+    status, body = page(SPARK_MASTER_UI_PORT, "/json/", airflow_token(the_login_of(cluster)))
+    assert status == 200, status
+    state = json.loads(body)
     return [app["name"] for app in state["activeapps"] + state["completedapps"]]
 
 
@@ -72,7 +102,7 @@ def lakes(spark, cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     on_cluster = run_lakehouse("stream", "--root", str(lakes["cluster"]), "--available-now",
                                env={"LAKEHOUSE_SPARK_MASTER": MASTER})
     assert on_cluster.returncode == 0, on_cluster.stderr[-3000:]
-    assert "lakehouse-stream-bronze-silver-gold" in applications_run_by_master()
+    assert "lakehouse-stream-bronze-silver-gold" in applications_run_by_master(cluster)
     return lakes
 
 
@@ -117,7 +147,7 @@ def test_executors_import_the_code_the_driver_ships_with_its_interpreter(cluster
 
 
 def test_an_airflow_job_submits_to_the_cluster_with_the_code_and_jars(
-        lakes, monkeypatch) -> None:
+        cluster, lakes, monkeypatch) -> None:
     from lakehouse_airflow.jobs import lakehouse_job
     from spark_jobs import config
     from spark_jobs.airflow_env import environment
@@ -137,5 +167,22 @@ def test_an_airflow_job_submits_to_the_cluster_with_the_code_and_jars(
     assert job.py_files and job.py_files.endswith(".zip")
     assert all(jar.endswith(".jar") for jar in job.jars.split(","))
     job.execute(context={})
-    assert "lakehouse-cluster_validate" in applications_run_by_master()
+    assert "lakehouse-cluster_validate" in applications_run_by_master(cluster)
     assert list((lake / "reports").glob("quality-*.html"))
+
+
+def test_the_daemons_pages_open_only_to_a_token_of_the_airflow_login(cluster) -> None:
+    # The services root's login key, which `lakehouse airflow` on that root signs its
+    # logins' tokens with (AIRFLOW__API_AUTH__JWT_SECRET).
+    login = the_login_of(cluster)
+    from spark_jobs import config
+    from spark_jobs.airflow_env import environment
+
+    assert environment(config.load({"root": cluster}, environ={}), base={})[
+        "AIRFLOW__API_AUTH__JWT_SECRET"] == login
+    for port in (SPARK_MASTER_UI_PORT, SPARK_WORKER_UI_PORT):
+        for refused in (None, airflow_token(secrets.token_urlsafe(64)),  # no login, forged
+                        airflow_token(login, valid_for=-5), "not-a-token"):  # expired, junk
+            assert page(port, "/", refused)[0] == 403, (port, refused)
+        status, body = page(port, "/", airflow_token(login))
+        assert status == 200 and b"Spark" in body, port

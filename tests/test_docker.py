@@ -15,6 +15,7 @@ SECRETS = {"POSTGRES_PASSWORD": "p", "AIRFLOW_JWT_SECRET": "j", "AIRFLOW_SECRET_
 AIRFLOW_PARTS = {"airflow-init", "airflow-apiserver", "airflow-scheduler",
                  "airflow-dag-processor"}
 ONE_SHOTS = {"kafka-topic", "airflow-init"}
+SPARK_DAEMONS = {"spark-master", "spark-worker-1", "spark-worker-2"}
 
 
 def compose_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -43,12 +44,23 @@ def test_the_stack_is_a_valid_compose_file_with_every_part_and_health_checks() -
     assert scheduler["LAKEHOUSE_SOURCE"] == "kafka"
     assert scheduler["LAKEHOUSE_SPARK_MASTER"] == "spark://spark-master:7077"
     assert scheduler["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://")
-    # Airflow's secrets go to Airflow's parts only, not to the Spark workers or the feed.
+    # Airflow's secrets go to Airflow's parts only; the Spark daemons get the login's key
+    # alone, to check the tokens their pages are opened with; the feed gets none.
     for name, service in services.items():
         environment = service.get("environment", {})
         holds = {key for key in environment if "SECRET" in key or "FERNET" in key
                  or "SQL_ALCHEMY_CONN" in key}
-        assert bool(holds) == (name in AIRFLOW_PARTS), (name, holds)
+        if name in SPARK_DAEMONS:
+            assert holds == {"AIRFLOW__API_AUTH__JWT_SECRET"}, (name, holds)
+            assert environment["AIRFLOW__API_AUTH__JWT_SECRET"] == SECRETS["AIRFLOW_JWT_SECRET"]
+            # Their settings are the project's, written where the daemon reads them.
+            start = " ".join(service["entrypoint"])
+            assert ("spark_jobs.services spark-properties /tmp/spark-daemons.conf" in start
+                    and "--properties-file /tmp/spark-daemons.conf" in start), start
+            assert service["healthcheck"]["test"][1:4] == [
+                "python", "-m", "spark_jobs.services"], name
+        else:
+            assert bool(holds) == (name in AIRFLOW_PARTS), (name, holds)
     # Kafka keeps its log on its volume.
     assert services["kafka"]["environment"]["KAFKA_LOG_DIRS"] == "/var/lib/kafka/data"
     # Only the UI is published, on the host's loopback unless configured otherwise.

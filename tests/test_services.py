@@ -1,7 +1,11 @@
 """`lakehouse services` without starting anything: its answers to what it cannot do. (The
 services themselves run in the Kafka, cluster and Airflow tests.)"""
 
+import base64
 import os
+import stat
+import subprocess
+import sys
 
 from spark_jobs import services
 from tests.conftest import make_settings
@@ -37,3 +41,40 @@ def test_a_pid_file_naming_another_program_names_no_service(tmp_path) -> None:
     assert daemon.pid() is None
     assert not daemon.stop()
     assert not daemon.pid_file.exists()
+
+
+def test_the_spark_daemons_settings_check_the_airflow_login_and_keep_its_key_private(
+        tmp_path) -> None:
+    # What the Docker stack's Spark containers run before their daemon (and what `lakehouse
+    # services start spark` writes): the login's key, as Spark's filter wants it.
+    key = "k" * 40
+    written = tmp_path / "spark-daemons.conf"
+    made = subprocess.run([sys.executable, "-m", "spark_jobs.services", "spark-properties",
+                           str(written)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "AIRFLOW__API_AUTH__JWT_SECRET": key,
+                               "LAKEHOUSE_ROOT": str(tmp_path / "lake")})
+    assert made.returncode == 0, made.stderr
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600
+    properties = dict(line.split(" ", 1) for line in written.read_text().splitlines())
+    assert properties["spark.ui.filters"] == "org.apache.spark.ui.JWSFilter"
+    assert base64.urlsafe_b64decode(properties[
+        "spark.org.apache.spark.ui.JWSFilter.param.secretKey"]).decode() == key
+    assert properties["spark.master.rest.enabled"] == "false"
+    # A key too short for the tokens' HMAC is refused by name, before any daemon starts.
+    short = subprocess.run([sys.executable, "-m", "spark_jobs.services", "spark-properties",
+                            str(tmp_path / "other.conf")], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "AIRFLOW__API_AUTH__JWT_SECRET": "short",
+                                            "LAKEHOUSE_ROOT": str(tmp_path / "lake")})
+    assert short.returncode == 1
+    assert "AIRFLOW__API_AUTH__JWT_SECRET is 5 bytes" in short.stderr
+    assert not (tmp_path / "other.conf").exists()
+
+
+def test_without_a_key_given_the_login_key_is_made_once_under_the_root(tmp_path) -> None:
+    settings = make_settings(tmp_path)
+    first = services.login_secret(settings, env={})
+    assert len(first) >= services.LOGIN_SECRET_MIN_BYTES
+    assert services.login_secret(settings, env={}) == first
+    made = services.login_secret_file(settings)
+    assert stat.S_IMODE(made.stat().st_mode) == 0o600
+    assert [path.name for path in made.parent.iterdir()] == [made.name]  # no draft left
