@@ -173,6 +173,32 @@ def test_how_many_days_rebuild_at_once_is_configuration(tmp_path) -> None:
     assert rebuilds_at_once(report) == {"replay_quarantine": 6, "rebuild_dates": 6}
 
 
+def test_a_job_ships_code_and_binds_for_the_master_its_connection_names(tmp_path,
+                                                                         monkeypatch) -> None:
+    from lakehouse_airflow.jobs import lakehouse_job
+
+    monkeypatch.setenv("LAKEHOUSE_ROOT", str(tmp_path / "lake"))
+    # The settings say local mode; the user's connection (set apart from them, as Airflow's
+    # connections are) names a cluster on this machine: the code goes along as --py-files,
+    # and the driver listens where the cluster's executors reach it.
+    monkeypatch.delenv("LAKEHOUSE_SPARK_MASTER", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_LAKEHOUSE_SPARK", json.dumps(
+        {"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077}))
+    to_cluster = lakehouse_job("to_cluster", "validate")
+    to_cluster.resolve()
+    assert to_cluster.py_files and to_cluster.py_files.endswith(".zip")
+    assert to_cluster.conf["spark.driver.host"] == "127.0.0.1"
+    # The other way: the settings name a remote cluster, the connection local mode: nothing
+    # to ship, and the driver stays on loopback.
+    monkeypatch.setenv("LAKEHOUSE_SPARK_MASTER", "spark://10.0.0.5:7077")
+    monkeypatch.setenv("AIRFLOW_CONN_LAKEHOUSE_SPARK", json.dumps(
+        {"conn_type": "spark", "host": "local[2]"}))
+    local = lakehouse_job("local", "validate")
+    local.resolve()
+    assert local.py_files is None
+    assert local.conf["spark.driver.host"] == "127.0.0.1"
+
+
 @pytest.fixture(scope="module")
 def airflow_root(request):
     """A lake whose Airflow runs on PostgreSQL, the production setting: Debian's server,

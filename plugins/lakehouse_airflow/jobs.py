@@ -41,9 +41,17 @@ class LakehouseJob(SparkSubmitOperator):
     def resolve(self) -> None:
         """This machine's submission: the installed CLI, its Python, the jars and every
         Spark setting."""
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
         from spark_jobs.session import spark_conf
 
+        # The master spark-submit will be given is the connection's, which a user may have
+        # set apart from the settings (in Airflow's connections or AIRFLOW_CONN_*): what is
+        # shipped and where the driver listens follow it, not the setting.
+        master = SparkSubmitHook(conn_id=self._conn_id)._connection["master"]
         settings = config.load()
+        if master != settings.spark_master:
+            settings = settings.replace(spark_master=master)
         conf = spark_conf(settings)
         self.jars = conf.pop("spark.jars")
         # A cluster's executors get the project's code as spark-submit's --py-files.
