@@ -133,7 +133,7 @@ Flag = Annotated[bool, BeforeValidator(lambda value: value.strip() if isinstance
 # Strict as the hand-written loader was: no unknown keys, exact key names, a number is text
 # where text is expected; immutable (hashable, and no job changes what another reads).
 class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=True):
-    root: Annotated[Path, BeforeValidator(lambda value: _local_root(str(value)))]
+    root: Annotated[Path, BeforeValidator(lambda value: _local_root(value))]
     source: Literal["files", "kafka"]
     kafka_bootstrap_servers: str
     kafka_topic: str
@@ -270,10 +270,15 @@ def _reason(error: ErrorDetails) -> str:
     return f"{key} {reason}, not {error['input']!r}"
 
 
-def _local_root(text: str) -> Path:
+def _local_root(value: object) -> Path:
     """The root as a local folder: a path, or a ``file:`` URI of this machine. An object-store
     URI is refused by name: taken as a path, ``s3a://bucket/lake`` became
-    ``<cwd>/s3a:/bucket/lake``, silently."""
+    ``<cwd>/s3a:/bucket/lake``, silently; so is an empty or missing one, which became the
+    working folder or a folder named "None"."""
+    text = "" if value is None else str(value)
+    if not text.strip():
+        raise ConfigError("root is empty: name the lakehouse's folder (--root, "
+                          "LAKEHOUSE_ROOT or root in the configuration file)")
     scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):/", text)  # two letters: not C:/
     if not scheme:
         return Path(text).expanduser().resolve()

@@ -69,6 +69,14 @@ def test_a_root_is_a_local_folder_or_a_file_uri(tmp_path: Path) -> None:
                              text=True, env=cli_env())
     assert refused.returncode != 0 and "not supported yet" in refused.stderr
     assert not list(tmp_path.iterdir())
+    # An empty or missing root is refused too: it became the working folder, or a folder
+    # literally named "None" for a copy with root=None.
+    loaded = config.load({"root": tmp_path / "lake"}, environ={})
+    for nothing in (None, "", "  "):
+        with pytest.raises(ConfigError, match="root is empty"):
+            loaded.replace(root=nothing)
+    with pytest.raises(ConfigError, match="root is empty"):
+        config.load(environ={"LAKEHOUSE_ROOT": ""})
 
 
 @pytest.mark.parametrize(("env", "message"), [
