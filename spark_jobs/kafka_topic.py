@@ -82,6 +82,28 @@ def partitions(settings: Settings) -> int | None:
     return len(topic.partitions)
 
 
+def topic_id(settings: Settings) -> str | None:
+    """The id the broker gave the topic when it was made: a topic deleted and made again
+    under the same name gets a new one (and offsets from 0 again). None when it does not
+    exist."""
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+
+    client = admin(settings)  # held until the answer: a collected client drops it
+    [future] = client.describe_topics(TopicCollection([settings.kafka_topic]),
+                                      request_timeout=ANSWER_TIMEOUT_SECONDS).values()
+    try:
+        return str(future.result(timeout=ANSWER_TIMEOUT_SECONDS).topic_id)
+    except KafkaException as error:
+        if error.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        failure: object = error
+    except TimeoutError:
+        failure = f"no answer within {ANSWER_TIMEOUT_SECONDS:.0f} s"
+    raise ServiceError(f"Kafka at {settings.kafka_bootstrap_servers} did not describe "
+                       f"topic {settings.kafka_topic} ({failure}): is it running? "
+                       f"(lakehouse services start kafka)")
+
+
 def ensure_topic(settings: Settings) -> int:
     """Create ``kafka_topic`` with ``kafka_partitions`` partitions unless it exists; its
     partition count either way."""

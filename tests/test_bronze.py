@@ -104,20 +104,26 @@ KAFKA_MESSAGES = ("key binary, value binary, topic string, partition int, offset
                   "timestamp timestamp, timestampType int")
 
 
+TOPIC_ID = "u6Wl5fjgQkSH1pTvXg3kVw"  # as Kafka shows a topic's id
+
+
 def kafka_rows(spark, values: list[bytes | None]) -> list:
     from datetime import UTC, datetime
 
     messages = spark.createDataFrame(
         [(None, value, "ad-events", 1, 40 + index, datetime.now(UTC), 0)
          for index, value in enumerate(values)], KAFKA_MESSAGES)
-    return sorted(bronze.records_from_kafka(messages).collect(), key=lambda row: row.kafka_offset)
+    return sorted(bronze.records_from_kafka(messages, TOPIC_ID).collect(),
+                  key=lambda row: row.kafka_offset)
 
 
 def test_each_kafka_message_is_one_bronze_row_named_by_topic_partition_and_offset(spark) -> None:
     rows = kafka_rows(spark, [b'{"n":1}', b"\xef\xbb\xbf{\"n\":2}", b"", None, b'{"n":"\xff"}'])
     # Five messages, five rows: an empty and a null message are records too (a topic has
     # no blank lines; silver quarantines them), so nothing is dropped at the door.
-    assert [row.bronze_id for row in rows] == [f"kafka:ad-events:1:{offset}"
+    # The topic is named with the id the broker made it under (a topic made again under
+    # its name starts at offset 0 again), then partition and offset.
+    assert [row.bronze_id for row in rows] == [f"kafka:ad-events@{TOPIC_ID}:1:{offset}"
                                                for offset in range(40, 45)]
     # The mark belongs to the encoding; a byte that is not UTF-8 becomes U+FFFD as the
     # landing zone's reader makes it, which silver's invalid_encoding rule looks for.
@@ -131,7 +137,7 @@ def test_kafka_records_take_the_same_quarantine_paths_as_lines(spark) -> None:
 
     rows = bronze.records_from_kafka(spark.createDataFrame(
         [(None, value, "t", 0, offset, None, 0) for offset, value in
-         enumerate([b"", None, b'{"event_id":"\xff"}', b"[1]"])], KAFKA_MESSAGES))
+         enumerate([b"", None, b'{"event_id":"\xff"}', b"[1]"])], KAFKA_MESSAGES), TOPIC_ID)
     rules = Rules.from_settings(make_settings(Path("unused")))
     reasons = sorted(row.reason for row in validate(rows, rules).collect())
     # Empty and null values are not JSON; the invalid byte is an encoding fault; the array

@@ -4,9 +4,11 @@ services start kafka``): one broker for the module, a topic and a lake per test.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 from spark_jobs import audit, kafka_topic, streaming
 from spark_jobs.bronze import ad_events as bronze
-from spark_jobs.config import Settings
+from spark_jobs.config import ConfigError, Settings
 from spark_jobs.services import port_open
 from tests.conftest import make_settings
 from tests.processes import (
@@ -185,6 +187,56 @@ def test_offsets_lost_while_the_stream_was_down_stop_it_until_the_loss_is_accept
     offsets = bronze_offsets(spark, lake)
     assert len(offsets) == first["delivered"] + third["delivered"]
     assert len(set(offsets)) == len(offsets)
+
+
+def made_again(settings: Settings) -> None:
+    """The topic deleted, then made again under its name, empty, offsets from 0 again."""
+    client = kafka_topic.admin(settings)
+    for future in client.delete_topics([settings.kafka_topic]).values():
+        future.result(timeout=30)
+    deadline = time.monotonic() + 60
+    while kafka_topic.partitions(settings) is not None:  # deletion completes in the back
+        assert time.monotonic() < deadline, "the topic was not deleted within a minute"
+        time.sleep(0.5)
+    kafka_topic.ensure_topic(settings)
+
+
+def test_a_topic_made_again_stops_the_stream_until_the_loss_is_accepted(
+        spark, broker, tmp_path) -> None:
+    lake = tmp_path / "lake"
+    env = broker.topic_env("made-again")
+    settings = broker.lake(lake, "made-again")
+    first = generate(lake, "--to", "kafka", "--events", "300", "--seed", "61", env=env)
+    streaming.run_available_now(spark, settings, ["bronze"])
+    old_id = kafka_topic.topic_id(settings)
+
+    # Deleted and made again: its offsets start at 0 again, and fewer messages than bronze
+    # has read, so resumed on the old offsets the stream would wait past the new ones.
+    made_again(settings)
+    second = generate(lake, "--to", "kafka", "--events", "100", "--seed", "62", env=env)
+    new_id = kafka_topic.topic_id(settings)
+    assert new_id != old_id
+    with pytest.raises(ConfigError, match=re.escape(
+            f"made again since bronze last read it (topic id {old_id}, now {new_id})")):
+        streaming.run_available_now(spark, settings, ["bronze"])
+    assert len(bronze_offsets(spark, lake)) == first["delivered"]  # nothing read or skipped
+
+    # Accepted once: the new topic from its first message; its offsets repeat the old
+    # topic's, its messages are new rows all the same. Then, with the check back on, new
+    # events flow as before.
+    streaming.run_available_now(spark, settings.replace(kafka_fail_on_data_loss=False),
+                                ["bronze"])
+    third = generate(lake, "--to", "kafka", "--events", "50", "--seed", "63", env=env)
+    streaming.run_available_now(spark, settings, ["bronze"])
+    ids = [row.bronze_id for row in spark.read.format("delta")
+           .load(bronze.TABLE.path(settings)).select("bronze_id").collect()]
+    assert len(ids) == len(set(ids)) == (first["delivered"] + second["delivered"]
+                                         + third["delivered"])
+    assert sum(f"@{new_id}:" in bronze_id for bronze_id in ids) == (second["delivered"]
+                                                                   + third["delivered"])
+    held = kafka_topic.offsets(settings)
+    assert sum(high - low for low, high in held.values()) == (second["delivered"]
+                                                              + third["delivered"])
 
 
 def test_the_lines_of_files_sent_by_any_client_give_the_accounting_of_the_files(

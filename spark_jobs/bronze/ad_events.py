@@ -7,7 +7,12 @@ offset), so every later layer can say which delivery each of its rows came from.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import re
+import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
@@ -28,6 +33,8 @@ from spark_jobs.tables import TableSpec, ensure_table
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
 
 
 SCHEMA = StructType([
@@ -105,20 +112,23 @@ def lines_from_files(files: DataFrame) -> DataFrame:
     )
 
 
-def records_from_kafka(messages: DataFrame) -> DataFrame:
-    """Kafka messages (the Kafka source's columns) to one bronze row per message.
+def records_from_kafka(messages: DataFrame, topic_id: str) -> DataFrame:
+    """Kafka messages (the Kafka source's columns) of the topic made as ``topic_id`` to one
+    bronze row per message.
 
     A message is a record whatever it holds: an empty or null value is kept (silver
     quarantines it as not JSON), since a topic has no blank lines to skip. Bytes that are not
     UTF-8 become U+FFFD, as the landing zone's text reader makes them, so silver quarantines
-    the record as ``invalid_encoding``. Topic, partition and offset are the delivery's
-    identity: a message read again after a restart is the same bronze row.
+    the record as ``invalid_encoding``. Topic (the one made as ``topic_id``: a topic made
+    again under its name starts its offsets at 0 again), partition and offset are the
+    delivery's identity: a message read again after a restart is the same bronze row.
     """
     text = F.coalesce(F.expr("make_valid_utf8(cast(value AS STRING))"), F.lit(""))
     ingested_at = F.current_timestamp()
     return messages.select(
-        F.concat(F.lit("kafka:"), "topic", F.lit(":"), F.col("partition").cast("string"),
-                 F.lit(":"), F.col("offset").cast("string")).alias("bronze_id"),
+        F.concat(F.lit("kafka:"), "topic", F.lit(f"@{topic_id}:"),
+                 F.col("partition").cast("string"), F.lit(":"),
+                 F.col("offset").cast("string")).alias("bronze_id"),
         _unmarked(text).alias("raw"),
         F.lit("kafka").alias("source"),
         F.lit(None).cast("string").alias("source_file"),
@@ -138,13 +148,6 @@ def kafka_messages(spark: SparkSession, settings: Settings) -> DataFrame:
     retention (or were deleted) before bronze read them stop the stream, naming the lost
     offsets (:func:`explain_failure`), instead of being skipped without a word.
     """
-    from spark_jobs import kafka_topic
-
-    if kafka_topic.partitions(settings) is None:
-        # Spark would wait on a missing topic for ever, reading nothing.
-        raise ConfigError(f"topic {settings.kafka_topic} does not exist at "
-                          f"{settings.kafka_bootstrap_servers}: create it with 'lakehouse "
-                          f"services start kafka' or 'lakehouse generate --to kafka'")
     return (spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", settings.kafka_bootstrap_servers)
             .option("subscribe", settings.kafka_topic)
@@ -152,6 +155,58 @@ def kafka_messages(spark: SparkSession, settings: Settings) -> DataFrame:
             .option("maxOffsetsPerTrigger", settings.kafka_max_offsets_per_trigger)
             .option("failOnDataLoss", str(settings.kafka_fail_on_data_loss).lower())
             .load())
+
+
+# Per topic name, the id of the topic whose offsets bronze's checkpoint holds.
+KAFKA_TOPICS_RECORD = "lakehouse-kafka-topics.json"
+
+
+def followed_topic(settings: Settings) -> str:
+    """The id of the topic bronze is to read, checked against the one whose offsets its
+    checkpoint holds (recorded there on the first start).
+
+    A topic deleted and made again under its name starts its offsets at 0 again. Resumed on
+    the old topic's offsets, the stream would skip the new topic's first messages without a
+    word, or, with the data-loss check off, give them the identities of the old topic's
+    messages. So such a start stops and says why, unless the loss is accepted
+    (``kafka_fail_on_data_loss`` off): then bronze's checkpoint starts over on the new topic,
+    from its first message. The id is part of each message's identity in bronze.
+    """
+    from spark_jobs import kafka_topic
+
+    current = kafka_topic.topic_id(settings) if kafka_topic.partitions(settings) else None
+    if current is None:
+        # Spark would wait on a missing topic for ever, reading nothing.
+        raise ConfigError(f"topic {settings.kafka_topic} does not exist at "
+                          f"{settings.kafka_bootstrap_servers}: create it with 'lakehouse "
+                          f"services start kafka' or 'lakehouse generate --to kafka'")
+    checkpoint = Path(settings.checkpoint(QUERY_NAME))
+    record = checkpoint / KAFKA_TOPICS_RECORD
+    followed = json.loads(record.read_text("utf-8")) if record.exists() else {}
+    before = followed.get(settings.kafka_topic)
+    if before is not None and before != current:
+        if settings.kafka_fail_on_data_loss:
+            raise ConfigError(
+                f"topic {settings.kafka_topic} was deleted and made again since bronze last "
+                f"read it (topic id {before}, now {current}): its offsets start again at 0, "
+                f"and whatever the old topic held that bronze had not read is gone. Nothing "
+                f"was read or skipped. To go on with the new topic from its first message, "
+                f"accept that loss: run the stream once with "
+                f"LAKEHOUSE_KAFKA_FAIL_ON_DATA_LOSS=false, then without it (README: Kafka, "
+                f"a topic made again)")
+        log.warning("topic %s was made again (topic id %s, now %s) and the loss is "
+                    "accepted: bronze's checkpoint starts over on it, from its first message",
+                    settings.kafka_topic, before, current)
+        # Offsets, commits and the query id go: the new query's writes carry a new id.
+        shutil.rmtree(checkpoint)
+        followed = {}
+    if followed.get(settings.kafka_topic) != current:
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        staged = record.with_suffix(".tmp")
+        staged.write_text(json.dumps({**followed, settings.kafka_topic: current}, indent=2)
+                          + "\n", "utf-8")
+        os.replace(staged, record)
+    return current
 
 
 # Spark's words for the offsets it could not read: when a batch it planned meets a gap
@@ -186,7 +241,8 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
     or offsets) and Delta's idempotent sink make each delivery land exactly once, whenever
     the driver dies."""
     if settings.source == "kafka":
-        records = records_from_kafka(kafka_messages(spark, settings))
+        topic_id = followed_topic(settings)  # the topic checked before anything is read
+        records = records_from_kafka(kafka_messages(spark, settings), topic_id)
     else:
         # The source counts files (each is read whole); records are counted on the way.
         records = lines_from_files(whole_files(spark, settings.landing_events, LANDING_GLOB,
