@@ -148,13 +148,34 @@ def test_exactly_once_from_kafka_across_a_driver_kill_and_a_broker_restart(
     assert accounting.identity_holds and accounting.matches_expected, accounting.as_json()
 
 
+def read_into_bronze(spark, broker: Broker, lake: Path, topic: str, events: int, seed: int
+                     ) -> tuple[dict[str, str], Settings, dict]:
+    """A lake reading ``topic``: ``events`` sent, then read into bronze. Its environment,
+    settings and what the generator delivered."""
+    env = broker.topic_env(topic)
+    settings = broker.lake(lake, topic)
+    delivered = generate(lake, "--to", "kafka", "--events", str(events), "--seed", str(seed),
+                         env=env)
+    streaming.run_available_now(spark, settings, ["bronze"])
+    return env, settings, delivered
+
+
+def accept_the_loss_then_resume(spark, settings: Settings, env: dict[str, str], seed: int
+                                ) -> dict:
+    """The loss accepted once; then, with the check back on, 50 more events read as
+    before. What the generator delivered the second time."""
+    streaming.run_available_now(spark, settings.replace(kafka_fail_on_data_loss=False),
+                                ["bronze"])
+    delivered = generate(settings.root, "--to", "kafka", "--events", "50", "--seed",
+                         str(seed), env=env)
+    streaming.run_available_now(spark, settings, ["bronze"])
+    return delivered
+
+
 def test_offsets_lost_while_the_stream_was_down_stop_it_until_the_loss_is_accepted(
         spark, broker, tmp_path) -> None:
     lake = tmp_path / "lake"
-    env = broker.topic_env("data-loss")
-    settings = broker.lake(lake, "data-loss")
-    first = generate(lake, "--to", "kafka", "--events", "400", "--seed", "31", env=env)
-    streaming.run_available_now(spark, settings, ["bronze"])
+    env, settings, first = read_into_bronze(spark, broker, lake, "data-loss", 400, 31)
     read = kafka_topic.offsets(settings)
 
     # More events, then every message bronze has not read deleted, as retention would.
@@ -178,12 +199,9 @@ def test_offsets_lost_while_the_stream_was_down_stop_it_until_the_loss_is_accept
         streaming.run_available_now(spark, settings, ["bronze"])
     assert len(bronze_offsets(spark, lake)) == first["delivered"]
 
-    # Accepted once, the stream goes on from the oldest message still held; then, with the
-    # check back on, new events flow as before.
-    streaming.run_available_now(spark, settings.replace(kafka_fail_on_data_loss=False),
-                                ["bronze"])
-    third = generate(lake, "--to", "kafka", "--events", "100", "--seed", "33", env=env)
-    streaming.run_available_now(spark, settings, ["bronze"])
+    # Accepted once, the stream goes on from the oldest message still held; then new
+    # events flow as before.
+    third = accept_the_loss_then_resume(spark, settings, env, 33)
     offsets = bronze_offsets(spark, lake)
     assert len(offsets) == first["delivered"] + third["delivered"]
     assert len(set(offsets)) == len(offsets)
@@ -204,10 +222,7 @@ def made_again(settings: Settings) -> None:
 def test_a_topic_made_again_stops_the_stream_until_the_loss_is_accepted(
         spark, broker, tmp_path) -> None:
     lake = tmp_path / "lake"
-    env = broker.topic_env("made-again")
-    settings = broker.lake(lake, "made-again")
-    first = generate(lake, "--to", "kafka", "--events", "300", "--seed", "61", env=env)
-    streaming.run_available_now(spark, settings, ["bronze"])
+    env, settings, first = read_into_bronze(spark, broker, lake, "made-again", 300, 61)
     old_id = kafka_topic.topic_id(settings)
 
     # Deleted and made again: its offsets start at 0 again, and fewer messages than bronze
@@ -222,12 +237,8 @@ def test_a_topic_made_again_stops_the_stream_until_the_loss_is_accepted(
     assert len(bronze_offsets(spark, lake)) == first["delivered"]  # nothing read or skipped
 
     # Accepted once: the new topic from its first message; its offsets repeat the old
-    # topic's, its messages are new rows all the same. Then, with the check back on, new
-    # events flow as before.
-    streaming.run_available_now(spark, settings.replace(kafka_fail_on_data_loss=False),
-                                ["bronze"])
-    third = generate(lake, "--to", "kafka", "--events", "50", "--seed", "63", env=env)
-    streaming.run_available_now(spark, settings, ["bronze"])
+    # topic's, its messages are new rows all the same. Then new events flow as before.
+    third = accept_the_loss_then_resume(spark, settings, env, 63)
     ids = [row.bronze_id for row in spark.read.format("delta")
            .load(bronze.TABLE.path(settings)).select("bronze_id").collect()]
     assert len(ids) == len(set(ids)) == (first["delivered"] + second["delivered"]
