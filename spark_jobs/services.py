@@ -45,8 +45,9 @@ SPARK_WORKER_UI_PORT = 8082
 # Spark's own filter for its pages: a signed token (JWS) in the Authorization header.
 SPARK_UI_FILTER = "org.apache.spark.ui.JWSFilter"
 LOGIN_SECRET_VARIABLE = "AIRFLOW__API_AUTH__JWT_SECRET"
-# Airflow signs with HS512 (a 512-bit key is its match); Spark's check refuses under 256.
-LOGIN_SECRET_MIN_BYTES = 32
+# Airflow signs the login's tokens with HS512, and Spark's check (jjwt) refuses to verify
+# HS512 with a key under 512 bits: a shorter key would answer 403 to every token.
+LOGIN_SECRET_MIN_BYTES = 64
 
 
 # The largest message the broker and the producer take: the contract's records run up to
@@ -66,7 +67,7 @@ class Daemon:
     folder: Path
     command: tuple[str, ...]
     port: int  # it answers once this loopback port accepts connections
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # added to this process's own
     stop_signal: int = signal.SIGTERM
     other_ports: tuple[int, ...] = ()  # it also binds these: they must be free too
 
@@ -97,7 +98,7 @@ class Daemon:
         with self.log_file.open("ab") as log:
             process = subprocess.Popen(
                 self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env}, cwd=self.folder, start_new_session=True)
+                env=_daemon_environment(self.env), cwd=self.folder, start_new_session=True)
         self.pid_file.write_text(f"{process.pid} {_start_time(process.pid)}\n")
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while not port_open(self.port):
@@ -504,6 +505,15 @@ def _postgres_daemons(settings: Settings) -> list[Daemon]:
         stop_signal=signal.SIGINT)]
 
 
+def _daemon_environment(extra: Mapping[str, str]) -> dict[str, str]:
+    """A daemon's environment: this process's, less the login's key (what a Spark worker
+    holds, its executors inherit: the applications it runs must not be able to sign a login),
+    plus ``extra``."""
+    inherited = {key: value for key, value in os.environ.items()
+                 if key != LOGIN_SECRET_VARIABLE}
+    return {**inherited, **extra}
+
+
 def login_secret(settings: Settings, env: Mapping[str, str] | None = None) -> str:
     """The key Airflow signs its logins' tokens with (``[api_auth] jwt_secret``), which the
     Spark daemons' pages check too: one login for every page the project serves. The
@@ -518,22 +528,32 @@ def login_secret(settings: Settings, env: Mapping[str, str] | None = None) -> st
             raise ServiceError(
                 f"{LOGIN_SECRET_VARIABLE} is {len(given.encode())} bytes: the login's tokens "
                 f"are signed with HMAC, which wants a key of at least "
-                f"{LOGIN_SECRET_MIN_BYTES} bytes (python -c 'import secrets; "
+                f"{LOGIN_SECRET_MIN_BYTES} bytes (HS512; python -c 'import secrets; "
                 f"print(secrets.token_urlsafe(64))' makes one)")
         return given
     path = login_secret_file(settings)
     if not path.exists():
+        import tempfile
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Made aside and linked into place: two first uses at once keep the first's key.
-        draft = path.with_name(f".{path.name}.{os.getpid()}")
-        _write_private(draft, secrets.token_urlsafe(64))
+        # Written whole aside (0600 from the start), then linked into place: two first uses
+        # at once keep the first one's key, and no reader sees half a key.
+        descriptor, draft = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
-            os.link(draft, path)
-        except FileExistsError:
-            pass
+            with os.fdopen(descriptor, "w") as file:
+                file.write(secrets.token_urlsafe(64) + "\n")
+                file.flush()
+                os.fsync(file.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(draft, path)
         finally:
-            draft.unlink()
-    return path.read_text().strip()
+            os.unlink(draft)
+    secret = path.read_text().strip()
+    if len(secret.encode()) < LOGIN_SECRET_MIN_BYTES:
+        raise ServiceError(f"{path} holds no usable login key (under "
+                           f"{LOGIN_SECRET_MIN_BYTES} bytes): remove it, and a new one is "
+                           f"made at the next start (sign in to Airflow again after)")
+    return secret
 
 
 def login_secret_file(settings: Settings) -> Path:

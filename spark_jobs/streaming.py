@@ -196,12 +196,16 @@ def _run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[
     rebuilds_stop = threading.Event()
     rebuilds = (gold_writer.serve_in_background(spark, settings, rebuilds_stop)
                 if gold_writer.LAYER in layers else None)
+    # A Kafka topic made again while bronze reads it stops the streams, as at a start.
+    watch_topic = settings.source == "kafka" and "bronze" in layers
     try:
         while not stop.is_set():
             if any(not query.isActive for query in queries):
                 _raise_if_failed(queries)
                 raise StreamFailed("a stream stopped on its own: "
                                    + ", ".join(q.name for q in queries if not q.isActive))
+            if watch_topic:
+                bronze.check_topic_unchanged(settings)
             recorder.flush(spark, settings, queries)
             heartbeat.beat(settings, layers, queries,
                            rebuilding=_rebuilding(by_layer.get(gold_writer.LAYER, [])))

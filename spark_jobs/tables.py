@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 # A table another job is creating exists within moments; this many looks, 0.5 s apart and
 # growing, before its folder is reported as foreign.
 CREATE_ATTEMPTS = 5
-# A creation's temporary commit file older than this is a creation killed, not one under way
-# (which renames it into place within a second or two of writing it).
-TORN_AFTER_SECONDS = 60
+# A log folder without a commit, unchanged for this long, is a creation killed, not one under
+# way (which renames its first commit into place within a second or two of making the folder).
+TORN_AFTER_SECONDS = 30
 # What a table being created by another job looks like before its first commit.
 CREATING = frozenset({"DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "DELTA_TABLE_NOT_FOUND"})
 
@@ -111,8 +111,8 @@ def _create_once(builder: DeltaTableBuilder, spec: TableSpec, path: str) -> None
     A log folder that stays without a commit is a creation killed between making the folder
     and writing the first commit (the chaos battery SIGKILLed a driver there): Delta then
     calls the table missing and will not create it, for every process after. Such a folder
-    holds nothing of the table, so it is removed (see ``_remove_torn_log``) and the table
-    created."""
+    holds nothing of the table, so it is removed once it is old enough not to be a creation
+    under way (``_clear_torn_log``), and the table created."""
     from pyspark.errors import AnalysisException
 
     for attempt in range(1, CREATE_ATTEMPTS + 1):
@@ -123,11 +123,44 @@ def _create_once(builder: DeltaTableBuilder, spec: TableSpec, path: str) -> None
             if error.getCondition() not in CREATING:
                 raise
             if attempt == CREATE_ATTEMPTS:
-                if not _remove_torn_log(path):
-                    raise
+                _clear_torn_log(path)
+                # Removed here or by another job meanwhile, or foreign after all (refused
+                # again, as it should be): one last try says which.
                 retry_on_conflict(builder.execute, f"create {spec.name}")
                 return
             time.sleep(0.5 * attempt)
+
+
+def _clear_torn_log(path: str) -> None:
+    """Remove the table's log if a killed creation left it (``_remove_torn_log``), waiting
+    at most ``TORN_AFTER_SECONDS`` for one killed a moment ago to be old enough to tell from
+    a creation under way."""
+    log = _local_log(path)
+    if log is None:
+        return
+    deadline = time.monotonic() + TORN_AFTER_SECONDS
+    while (age := _torn_age(log)) is not None and not _remove_torn_log(path):
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(min(1.0, max(0.1, TORN_AFTER_SECONDS - age)))
+
+
+def _torn_age(log: str) -> float | None:
+    """Seconds since a log folder that holds nothing of a table (only empty folders and
+    hidden files) last changed; None for anything else: no folder, a commit, a checkpoint,
+    a folder with something in it, or a folder changing as it is read."""
+    try:
+        newest = os.stat(log).st_mtime
+        for entry in os.scandir(log):
+            if entry.is_dir(follow_symlinks=False):
+                if os.listdir(entry.path):
+                    return None
+            elif not entry.name.startswith("."):
+                return None
+            newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    except OSError:
+        return None
+    return time.time() - newest
 
 
 def _remove_torn_log(path: str) -> bool:
@@ -137,31 +170,27 @@ def _remove_torn_log(path: str) -> bool:
     Delta 4.4 makes the log folder together with its ``_staged_commits`` folder, then
     writes commit 0 to a hidden temporary file (with Hadoop's hidden checksum beside it) and
     renames it into place. Killed before the rename, it leaves empty folders and hidden
-    files, never a commit: that is torn. A hidden file younger than ``TORN_AFTER_SECONDS``
+    files, never a commit: that is torn. One that changed within ``TORN_AFTER_SECONDS``
     may be a creation under way, and anything else (a commit, a checkpoint) is a table, so
     neither is touched. The folders go with ``rmdir``, which fails, changing nothing, if a
     commit landed meanwhile."""
     log = _local_log(path)
-    if log is None or not os.path.isdir(log):
+    if log is None:
         return False
-    now = time.time()
-    hidden: list[str] = []
-    folders: list[str] = []
-    for entry in os.scandir(log):
-        if entry.is_dir(follow_symlinks=False):
-            if os.listdir(entry.path):
-                return False
-            folders.append(entry.path)
-        elif (entry.name.startswith(".")
-              and now - entry.stat().st_mtime >= TORN_AFTER_SECONDS):
-            hidden.append(entry.path)
-        else:
-            return False
+    age = _torn_age(log)
+    if age is None or age < TORN_AFTER_SECONDS:
+        return False
     try:
-        for file in hidden:
-            os.remove(file)
-        for folder in [*folders, log]:
-            os.rmdir(folder)
+        entries = list(os.scandir(log))
+        for entry in entries:
+            # Hidden files only: a commit that landed since the look above stays, and the
+            # folder's removal below then fails.
+            if not entry.is_dir(follow_symlinks=False) and entry.name.startswith("."):
+                os.remove(entry.path)
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                os.rmdir(entry.path)
+        os.rmdir(log)
     except OSError:
         return False
     return True

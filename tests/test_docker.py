@@ -57,6 +57,8 @@ def test_the_stack_is_a_valid_compose_file_with_every_part_and_health_checks() -
             start = " ".join(service["entrypoint"])
             assert ("spark_jobs.services spark-properties /tmp/spark-daemons.conf" in start
                     and "--properties-file /tmp/spark-daemons.conf" in start), start
+            # ... and the daemon runs without the key, which its executors would inherit.
+            assert "exec env -u AIRFLOW__API_AUTH__JWT_SECRET spark-class" in start, start
             assert service["healthcheck"]["test"][1:4] == [
                 "python", "-m", "spark_jobs.services"], name
         else:

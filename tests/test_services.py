@@ -7,6 +7,8 @@ import stat
 import subprocess
 import sys
 
+import pytest
+
 from spark_jobs import services
 from tests.conftest import make_settings
 from tests.processes import run_lakehouse
@@ -47,7 +49,7 @@ def test_the_spark_daemons_settings_check_the_airflow_login_and_keep_its_key_pri
         tmp_path) -> None:
     # What the Docker stack's Spark containers run before their daemon (and what `lakehouse
     # services start spark` writes): the login's key, as Spark's filter wants it.
-    key = "k" * 40
+    key = "k" * 64
     written = tmp_path / "spark-daemons.conf"
     made = subprocess.run([sys.executable, "-m", "spark_jobs.services", "spark-properties",
                            str(written)], capture_output=True, text=True, timeout=60,
@@ -68,9 +70,13 @@ def test_the_spark_daemons_settings_check_the_airflow_login_and_keep_its_key_pri
     assert short.returncode == 1
     assert "AIRFLOW__API_AUTH__JWT_SECRET is 5 bytes" in short.stderr
     assert not (tmp_path / "other.conf").exists()
+    # (64 bytes, not 32: Spark's check refuses to verify HS512, Airflow's signature, with a
+    # shorter key, and would answer 403 to every token.)
+    assert services.LOGIN_SECRET_MIN_BYTES == 64
 
 
-def test_without_a_key_given_the_login_key_is_made_once_under_the_root(tmp_path) -> None:
+def test_without_a_key_given_the_login_key_is_made_once_under_the_root(tmp_path,
+                                                                       monkeypatch) -> None:
     settings = make_settings(tmp_path)
     first = services.login_secret(settings, env={})
     assert len(first) >= services.LOGIN_SECRET_MIN_BYTES
@@ -78,3 +84,11 @@ def test_without_a_key_given_the_login_key_is_made_once_under_the_root(tmp_path)
     made = services.login_secret_file(settings)
     assert stat.S_IMODE(made.stat().st_mode) == 0o600
     assert [path.name for path in made.parent.iterdir()] == [made.name]  # no draft left
+    # A daemon started here (a Spark worker, whose executors inherit its environment) does
+    # not get the key, even from a process that holds it.
+    monkeypatch.setenv(services.LOGIN_SECRET_VARIABLE, first)
+    assert services.LOGIN_SECRET_VARIABLE not in services._daemon_environment({"A": "1"})
+    # A torn or emptied key file is refused by name, not used as an empty key.
+    made.write_text("\n")
+    with pytest.raises(services.ServiceError, match="holds no usable login key"):
+        services.login_secret(settings, env={})

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -163,7 +164,8 @@ KAFKA_TOPICS_RECORD = "lakehouse-kafka-topics.json"
 
 def followed_topic(settings: Settings) -> str:
     """The id of the topic bronze is to read, checked against the one whose offsets its
-    checkpoint holds (recorded there on the first start).
+    checkpoint holds (recorded there on the first start; a checkpoint from before this
+    record adopts the topic as it is then).
 
     A topic deleted and made again under its name starts its offsets at 0 again. Resumed on
     the old topic's offsets, the stream would skip the new topic's first messages without a
@@ -172,33 +174,24 @@ def followed_topic(settings: Settings) -> str:
     (``kafka_fail_on_data_loss`` off): then bronze's checkpoint starts over on the new topic,
     from its first message. The id is part of each message's identity in bronze.
     """
-    from spark_jobs import kafka_topic
-
-    current = kafka_topic.topic_id(settings) if kafka_topic.partitions(settings) else None
-    if current is None:
-        # Spark would wait on a missing topic for ever, reading nothing.
-        raise ConfigError(f"topic {settings.kafka_topic} does not exist at "
-                          f"{settings.kafka_bootstrap_servers}: create it with 'lakehouse "
-                          f"services start kafka' or 'lakehouse generate --to kafka'")
     checkpoint = Path(settings.checkpoint(QUERY_NAME))
+    for leftover in checkpoint.parent.glob(f"{checkpoint.name}.replaced-*"):
+        shutil.rmtree(leftover)  # set aside by a start over that was killed before removing it
+    current = _topic_id(settings)
     record = checkpoint / KAFKA_TOPICS_RECORD
     followed = json.loads(record.read_text("utf-8")) if record.exists() else {}
     before = followed.get(settings.kafka_topic)
     if before is not None and before != current:
         if settings.kafka_fail_on_data_loss:
-            raise ConfigError(
-                f"topic {settings.kafka_topic} was deleted and made again since bronze last "
-                f"read it (topic id {before}, now {current}): its offsets start again at 0, "
-                f"and whatever the old topic held that bronze had not read is gone. Nothing "
-                f"was read or skipped. To go on with the new topic from its first message, "
-                f"accept that loss: run the stream once with "
-                f"LAKEHOUSE_KAFKA_FAIL_ON_DATA_LOSS=false, then without it (README: Kafka, "
-                f"a topic made again)")
+            raise ConfigError(_made_again(settings, before, current))
         log.warning("topic %s was made again (topic id %s, now %s) and the loss is "
                     "accepted: bronze's checkpoint starts over on it, from its first message",
                     settings.kafka_topic, before, current)
-        # Offsets, commits and the query id go: the new query's writes carry a new id.
-        shutil.rmtree(checkpoint)
+        # Offsets, commits and the query id go (the new query's writes carry a new id), in
+        # one rename: killed midway, a start finds the whole old checkpoint or none.
+        aside = checkpoint.with_name(f"{checkpoint.name}.replaced-{time.time_ns()}")
+        os.replace(checkpoint, aside)
+        shutil.rmtree(aside)
         followed = {}
     if followed.get(settings.kafka_topic) != current:
         checkpoint.mkdir(parents=True, exist_ok=True)
@@ -207,6 +200,45 @@ def followed_topic(settings: Settings) -> str:
                           + "\n", "utf-8")
         os.replace(staged, record)
     return current
+
+
+def check_topic_unchanged(settings: Settings) -> None:
+    """While the stream runs: the topic it reads was not made again since it started (Spark
+    cannot tell once the new topic has grown past the old offsets). A broker that does not
+    answer for now (restarting), or a topic gone for now, is Spark's to wait for or fail on,
+    not a reason to stop here."""
+    from spark_jobs import kafka_topic
+    from spark_jobs.services import ServiceError
+
+    record = Path(settings.checkpoint(QUERY_NAME)) / KAFKA_TOPICS_RECORD
+    followed = json.loads(record.read_text("utf-8")).get(settings.kafka_topic)
+    try:
+        current = kafka_topic.topic_id(settings)
+    except ServiceError:
+        return
+    if current is not None and current != followed:
+        raise ConfigError(_made_again(settings, followed, current))
+
+
+def _topic_id(settings: Settings) -> str:
+    from spark_jobs import kafka_topic
+
+    current = kafka_topic.topic_id(settings) if kafka_topic.partitions(settings) else None
+    if current is None:
+        # Spark would wait on a missing topic for ever, reading nothing.
+        raise ConfigError(f"topic {settings.kafka_topic} does not exist at "
+                          f"{settings.kafka_bootstrap_servers}: create it with 'lakehouse "
+                          f"services start kafka' or 'lakehouse generate --to kafka'")
+    return current
+
+
+def _made_again(settings: Settings, before: str, current: str) -> str:
+    return (f"topic {settings.kafka_topic} was deleted and made again since bronze last read "
+            f"it (topic id {before}, now {current}): its offsets start again at 0, and "
+            f"whatever the old topic held that bronze had not read is gone. Nothing of the "
+            f"new topic was skipped. To go on with it from its first message, accept that "
+            f"loss: run the stream once with LAKEHOUSE_KAFKA_FAIL_ON_DATA_LOSS=false, then "
+            f"without it (README: Kafka, a topic made again)")
 
 
 # Spark's words for the offsets it could not read: when a batch it planned meets a gap
