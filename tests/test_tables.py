@@ -131,16 +131,16 @@ def test_a_creation_killed_a_moment_ago_is_cleared_once_it_is_old_enough(
         spark, tmp_path, monkeypatch) -> None:
     # The next driver starts right after the kill (as the chaos battery and the supervisor
     # start it): it waits until the torn log is old enough to be no creation under way, then
-    # creates the table, instead of failing. (Shortened here from 30 s to 8 s, still longer
-    # than the creation's own retries.)
-    monkeypatch.setattr(tables, "TORN_AFTER_SECONDS", 8)
+    # creates the table, instead of failing. (Shortened here from 30 s to 7 s, still longer
+    # than the creation's own retries, 5 s.)
+    monkeypatch.setattr(tables, "TORN_AFTER_SECONDS", 7)
     settings = make_settings(tmp_path / "lake")
     torn = Path(bronze.TABLE.path(settings)) / "_delta_log"
     (torn / "_staged_commits").mkdir(parents=True)
     started = time.monotonic()
     ensure_table(spark, settings, bronze.TABLE)
     assert delta_reader.latest_version(bronze.TABLE.path(settings)) == 0
-    assert time.monotonic() - started >= 8 - 1  # it did wait for the age
+    assert time.monotonic() - started >= 7 - 1  # it did wait for the age
 
 
 def test_a_creation_under_way_or_a_table_is_never_taken_for_a_torn_one(tmp_path) -> None:
