@@ -61,10 +61,8 @@ def check_compatible(settings: Settings, layer: str, stream: ModuleType) -> None
     if not current:
         return
     checkpoint = Path(settings.checkpoint(stream.QUERY_NAME))
-    record = checkpoint / RECORD
-    recorded: dict[str, str] = {}
-    if record.exists():
-        recorded = json.loads(record.read_text("utf-8"))
+    recorded = read_record(checkpoint, RECORD)
+    if recorded:
         changed = [f"{name} = {recorded[name]!r} (now {value!r})"
                    for name, value in current.items()
                    if name in recorded and not _same(recorded[name], value)]
@@ -75,10 +73,22 @@ def check_compatible(settings: Settings, layer: str, stream: ModuleType) -> None
                 f"{layer}. To change it, {runbook(layer)}")
         if current.keys() <= recorded.keys():
             return
+    write_record(checkpoint, RECORD, {**recorded, **current})
+
+
+def read_record(checkpoint: Path, name: str) -> dict[str, str]:
+    """A record the project keeps beside Spark's files in a stream's checkpoint; empty when
+    there is none."""
+    record = checkpoint / name
+    return json.loads(record.read_text("utf-8")) if record.exists() else {}
+
+
+def write_record(checkpoint: Path, name: str, values: dict[str, str]) -> None:
+    """Write such a record whole or not at all (a kill midway leaves the one before)."""
     checkpoint.mkdir(parents=True, exist_ok=True)
-    staged = record.with_suffix(".tmp")
-    staged.write_text(json.dumps({**recorded, **current}, indent=2) + "\n", "utf-8")
-    os.replace(staged, record)
+    staged = (checkpoint / name).with_suffix(".tmp")
+    staged.write_text(json.dumps(values, indent=2) + "\n", "utf-8")
+    os.replace(staged, checkpoint / name)
 
 
 INCOMPATIBLE_HINT = "The stream's logic changed in a way its state cannot follow: "

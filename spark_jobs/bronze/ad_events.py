@@ -7,7 +7,6 @@ offset), so every later layer can say which delivery each of its rows came from.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -27,6 +26,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from spark_jobs import checkpoints
 from spark_jobs.config import ConfigError, Settings
 from spark_jobs.landing import whole_files
 from spark_jobs.tables import TableSpec, ensure_table
@@ -178,8 +178,7 @@ def followed_topic(settings: Settings) -> str:
     for leftover in checkpoint.parent.glob(f"{checkpoint.name}.replaced-*"):
         shutil.rmtree(leftover)  # set aside by a start over that was killed before removing it
     current = _topic_id(settings)
-    record = checkpoint / KAFKA_TOPICS_RECORD
-    followed = json.loads(record.read_text("utf-8")) if record.exists() else {}
+    followed = checkpoints.read_record(checkpoint, KAFKA_TOPICS_RECORD)
     before = followed.get(settings.kafka_topic)
     if before is not None and before != current:
         if settings.kafka_fail_on_data_loss:
@@ -194,11 +193,8 @@ def followed_topic(settings: Settings) -> str:
         shutil.rmtree(aside)
         followed = {}
     if followed.get(settings.kafka_topic) != current:
-        checkpoint.mkdir(parents=True, exist_ok=True)
-        staged = record.with_suffix(".tmp")
-        staged.write_text(json.dumps({**followed, settings.kafka_topic: current}, indent=2)
-                          + "\n", "utf-8")
-        os.replace(staged, record)
+        checkpoints.write_record(checkpoint, KAFKA_TOPICS_RECORD,
+                                 {**followed, settings.kafka_topic: current})
     return current
 
 
@@ -210,8 +206,8 @@ def check_topic_unchanged(settings: Settings) -> None:
     from spark_jobs import kafka_topic
     from spark_jobs.services import ServiceError
 
-    record = Path(settings.checkpoint(QUERY_NAME)) / KAFKA_TOPICS_RECORD
-    followed = json.loads(record.read_text("utf-8")).get(settings.kafka_topic)
+    followed = checkpoints.read_record(Path(settings.checkpoint(QUERY_NAME)),
+                                       KAFKA_TOPICS_RECORD).get(settings.kafka_topic)
     try:
         current = kafka_topic.topic_id(settings)
     except ServiceError:
@@ -223,6 +219,7 @@ def check_topic_unchanged(settings: Settings) -> None:
 def _topic_id(settings: Settings) -> str:
     from spark_jobs import kafka_topic
 
+    # The topic's partitions first: their answer names a broker that does not answer.
     current = kafka_topic.topic_id(settings) if kafka_topic.partitions(settings) else None
     if current is None:
         # Spark would wait on a missing topic for ever, reading nothing.
