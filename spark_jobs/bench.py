@@ -2,14 +2,15 @@
 
 The pipeline part is ``spark_jobs.pipeline_bench``; the declarative part (the lakehouse
 against a plain pipeline written with Spark's declarative pipelines) is
-``spark_jobs.declarative_bench``; the feed part (sustained rate and
-latency behind a live feed) is ``spark_jobs.feed_bench``. The maintenance part writes silver and
-gold as a stream with many short triggers would (one small append per micro-batch), times
-two selective queries (one ``ad_id`` over a week of silver, one campaign over one day of
-gold), runs ``lakehouse maintain``'s OPTIMIZE, and times them again. A third copy is
-written with Delta's auto compaction on, to measure small files avoided at the source.
-Results go to ``bench/results/bench-<time>.json`` (with the machine and versions) and a
-short table.
+``spark_jobs.declarative_bench``; the feed part (sustained rate and latency behind a live
+feed) is ``spark_jobs.feed_bench``; the growth parts (a silver batch beside 10 million
+rows, a gold batch after 10,000 earlier ones) are ``spark_jobs.growth_bench`` and
+``spark_jobs.gold_growth_bench``. The maintenance part writes silver and gold as a stream
+with many short triggers would (one small append per micro-batch), times two selective
+queries (one ``ad_id`` over a week of silver, one campaign over one day of gold), runs
+``lakehouse maintain``'s OPTIMIZE, and times them again. A third copy is written with
+Delta's auto compaction on, to measure small files avoided at the source. Results go to
+``bench/results/bench-<time>.json`` (with the machine and versions) and a short table.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from spark_jobs import (
     config,
     declarative_bench,
     feed_bench,
+    gold_growth_bench,
     growth_bench,
     pipeline_bench,
     progress,
@@ -51,7 +53,7 @@ EVENTS_PER_BATCH = 2_000
 CAMPAIGNS, DAYS = 40, 7
 REPEATS = 5
 FEED_START_SHARE, FEED_START_RATE = 0.6, 6_000
-PARTS = ("pipeline", "declarative", "feed", "growth", "maintenance", "startup")
+PARTS = ("pipeline", "declarative", "feed", "growth", "gold_growth", "maintenance", "startup")
 
 
 def silver_batch(spark: SparkSession, batch: int) -> DataFrame:
@@ -233,6 +235,10 @@ def main() -> None:
                 results["growth"] = growth_bench.run(
                     spark, config.load({"root": root / "growth"}), args.growth_rows,
                     args.repetitions)
+            if "gold_growth" in parts:
+                steps.start("gold growth: a gold batch after 100 and after 10,000 earlier ones")
+                results["gold_growth"] = gold_growth_bench.run(
+                    spark, config.load({"root": root / "gold-growth"}))
             if "maintenance" in parts:
                 steps.start("maintenance: queries before and after OPTIMIZE")
                 results["maintenance"] = run(spark, root / "maintenance")
@@ -251,6 +257,7 @@ def main() -> None:
     for part, show in (("pipeline", pipeline_bench.render),
                        ("declarative", declarative_bench.render), ("feed", feed_bench.render),
                        ("growth", growth_bench.render),
+                       ("gold_growth", gold_growth_bench.render),
                        ("maintenance", render), ("startup", startup_bench.render)):
         if part in results:
             print(show(results[part]))
