@@ -7,6 +7,7 @@ INSTALLED := $(VENV)/.installed
 JARS      := .cache/jars/.complete
 BROKER    := .cache/jars/kafka-broker/.complete
 CLASSES   := .cache/jars/classes.jsa
+LOGSTORE  := .cache/jars/lakehouse-logstore.jar
 BROWSER   := .cache/.chromium
 POSTGRES  := .cache/.postgresql
 COMPOSE   := .cache/.docker-compose
@@ -14,7 +15,7 @@ ROOT      ?= data
 
 .PHONY: setup test lint run run-once bench chaos clean
 
-setup: $(INSTALLED) $(JARS) $(BROKER) $(CLASSES) $(BROWSER) $(POSTGRES) $(COMPOSE)
+setup: $(INSTALLED) $(JARS) $(LOGSTORE) $(BROKER) $(CLASSES) $(BROWSER) $(POSTGRES) $(COMPOSE)
 
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +26,12 @@ $(INSTALLED): pyproject.toml constraints.txt
 $(JARS): jars/pom.xml $(INSTALLED)
 	scripts/fetch-jars.sh jars/pom.xml .cache/jars $(BIN)/python
 
+# Delta's log store for local disk with a listing that does not grow with the log's folder
+# (jars/logstore): built into the jar cache, so the refresh above removes it and this
+# builds it again.
+$(LOGSTORE): $(JARS) $(wildcard jars/logstore/src/lakehouse/*.java)
+	scripts/build-logstore.sh .cache/jars $(BIN)/python
+
 # The Kafka broker of `lakehouse services start kafka`, in a folder of the jar cache: the
 # Spark jars' refresh above empties the cache, and this follows it.
 $(BROKER): jars/kafka-broker/pom.xml $(JARS)
@@ -33,7 +40,7 @@ $(BROKER): jars/kafka-broker/pom.xml $(JARS)
 # The Spark driver's class-data archive (spark_jobs/class_archive.py): a cold Spark command
 # takes about a fifth less time. Built again whenever the venv, the jars or the JDK change.
 JAVA_BINARY := $(realpath $(shell command -v java))
-$(CLASSES): $(INSTALLED) $(JARS) $(JAVA_BINARY)
+$(CLASSES): $(INSTALLED) $(JARS) $(LOGSTORE) $(JAVA_BINARY)
 	$(BIN)/python -m spark_jobs.class_archive
 
 # The data quality report is tested in a real headless browser: Debian's chromium.

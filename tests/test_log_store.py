@@ -1,0 +1,68 @@
+"""The project's Delta log store for local disk lists exactly what Delta's own does."""
+
+from pathlib import Path
+
+import pytest
+from py4j.protocol import Py4JJavaError
+
+from spark_jobs.session import LOG_STORE_JAR, spark_conf
+from tests.conftest import make_settings
+
+
+def _names(statuses) -> list[str]:
+    names = []
+    while statuses.hasNext():
+        names.append(statuses.next().getPath().getName())
+    return names
+
+
+def test_the_listing_from_a_version_is_delta_s_own(spark, tmp_path) -> None:
+    log = tmp_path / "_delta_log"
+    log.mkdir()
+    entries = [f"{version:020d}.json" for version in range(12)]
+    entries += [f"{version:020d}.crc" for version in range(12)]
+    entries += [f"{10:020d}.checkpoint.parquet", "_last_checkpoint",
+                # Hadoop's checksum of a file, hidden; a commit being written, hidden
+                f".{11:020d}.json.crc", f".{12:020d}.json.5d1e.tmp"]
+    for name in entries:
+        (log / name).write_text("{}\n")
+    (log / "_staged_commits").mkdir()  # Delta 4's folder for commits not yet published
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    ours = jvm.lakehouse.FolderListingLogStore(conf)
+    deltas = jvm.io.delta.storage.HDFSLogStore(conf)
+    for start in (f"{0:020d}.json", f"{10:020d}.checkpoint.parquet", f"{11:020d}.json",
+                  f"{12:020d}.json", "_last_checkpoint"):
+        path = jvm.org.apache.hadoop.fs.Path(str(log / start))
+        expected = _names(deltas.listFrom(path, conf))
+        assert _names(ours.listFrom(path, conf)) == expected, start
+        assert expected, start  # each start above has something at or after it
+    # From version 11's commit: it, then what sorts after every version's name (its
+    # checksum, ".crc", sorts before ".json"; the hidden files before every version).
+    assert _names(ours.listFrom(jvm.org.apache.hadoop.fs.Path(str(log / f"{11:020d}.json")),
+                                conf)) == [f"{11:020d}.json", "_last_checkpoint",
+                                           "_staged_commits"]
+    # A folder that is not there is refused as Delta's own refuses it.
+    missing = jvm.org.apache.hadoop.fs.Path(str(tmp_path / "nothing" / f"{0:020d}.json"))
+    for store in (deltas, ours):
+        with pytest.raises(Py4JJavaError, match="FileNotFoundException"):
+            store.listFrom(missing, conf)
+
+
+def test_spark_uses_it_for_local_paths_when_make_setup_built_it(spark, tmp_path) -> None:
+    assert spark.conf.get("spark.delta.logStore.file.impl") == "lakehouse.FolderListingLogStore"
+    # Without the jar (a jar folder set by hand), Delta's own log store stays.
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "delta-spark.jar").write_bytes(b"")
+    conf = spark_conf(make_settings(tmp_path / "lake", jars_dir=jars))
+    assert "spark.delta.logStore.file.impl" not in conf
+    (jars / LOG_STORE_JAR).write_bytes(b"")
+    conf = spark_conf(make_settings(tmp_path / "lake", jars_dir=jars))
+    assert conf["spark.delta.logStore.file.impl"] == "lakehouse.FolderListingLogStore"
+    # And a table's log goes through it: what Delta wrote, Delta reads back.
+    path = str(tmp_path / "table")
+    spark.range(3).write.format("delta").save(path)
+    spark.range(2).write.format("delta").mode("append").save(path)
+    assert spark.read.format("delta").load(path).count() == 5
+    assert Path(path, "_delta_log", f"{1:020d}.json").exists()
