@@ -1,11 +1,11 @@
 package lakehouse;
 
+import java.io.File;
 import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.nio.file.DirectoryStream;
 import java.nio.file.Files;
 import java.nio.file.NoSuchFileException;
-import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.Iterator;
@@ -48,8 +48,9 @@ public class FolderListingLogStore extends HDFSLogStore {
         Path folder = path.getParent();
         String first = path.getName();
         List<String> names = new ArrayList<>();
-        try (DirectoryStream<java.nio.file.Path> entries =
-                 Files.newDirectoryStream(Paths.get(fs.makeQualified(folder).toUri()))) {
+        // The URI's decoded path: a folder's name may hold spaces or any character.
+        java.nio.file.Path local = new File(fs.makeQualified(folder).toUri().getPath()).toPath();
+        try (DirectoryStream<java.nio.file.Path> entries = Files.newDirectoryStream(local)) {
             for (java.nio.file.Path entry : entries) {
                 String name = entry.getFileName().toString();
                 if (name.compareTo(first) >= 0 && !isChecksum(fs, name)) {
@@ -63,7 +64,7 @@ public class FolderListingLogStore extends HDFSLogStore {
         List<FileStatus> statuses = new ArrayList<>(names.size());
         for (String name : names) {
             try {
-                statuses.add(fs.getFileStatus(new Path(folder, name)));
+                statuses.add(fs.getFileStatus(new Path(folder, child(name))));
             } catch (FileNotFoundException gone) {
                 // Removed since the folder was read (an expired commit cleaned up): as if
                 // the listing had been taken a moment later.
@@ -75,6 +76,12 @@ public class FolderListingLogStore extends HDFSLogStore {
     /** Hadoop's local file system hides its own checksum files from a listing. */
     private static boolean isChecksum(FileSystem fs, String name) {
         return fs instanceof ChecksumFileSystem
-            && ((ChecksumFileSystem) fs).isChecksumFile(new Path(name));
+            && ((ChecksumFileSystem) fs).isChecksumFile(child(name));
+    }
+
+    /** A folder entry's name as a relative path, as Hadoop's own listing makes it: read as
+     *  a URI, a name holding ':' would be taken for a scheme. */
+    private static Path child(String name) {
+        return new Path(null, null, name);
     }
 }
