@@ -51,7 +51,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs import streaming
+from spark_jobs import delta_reader, streaming
 from spark_jobs.config import Settings
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.silver import ad_campaigns
@@ -119,7 +119,7 @@ def grow(spark: SparkSession, settings: Settings, table: TableSpec, commits: int
     adds = [json.loads(line)["add"]
             for line in (scratch / "_delta_log" / f"{1:020d}.json").read_text().splitlines()
             if line.startswith('{"add"')]
-    version = DeltaTable(str(path)).version()
+    version = delta_reader.latest_version(path)
     previous: dict[str, Any] | None = None
     for number, add in enumerate(sorted(adds, key=lambda add: add["path"])):
         target = path / add["path"]
@@ -294,17 +294,18 @@ def run(spark: SparkSession, settings: Settings, histories: tuple[int, ...] = HI
                     spark, settings.replace(root=settings.root / f"after-{commits}"),
                     commits, rounds, events)
                 for commits in sorted(histories, reverse=True)}
+
     def ratio(name: str, statistic: str) -> float:
         return round(measured[longer]["seconds"][name][statistic]
                      / measured[shorter]["seconds"][name][statistic], 2)
 
-    ratios = {name: ratio(name, "median") for name in QUERIES}
+    def ratios(statistic: str) -> dict[str, float]:
+        return {f"{name} after {longer:,}/after {shorter:,}": ratio(name, statistic)
+                for name in QUERIES}
+
     return {"batch_events": events, "rounds": rounds - 1,
             "histories": [measured[commits] for commits in sorted(histories)],
-            "ratios": {f"{name} after {longer:,}/after {shorter:,}": value
-                       for name, value in ratios.items()},
-            "ratios_of_means": {f"{name} after {longer:,}/after {shorter:,}":
-                                ratio(name, "mean") for name in QUERIES},
+            "ratios": ratios("median"), "ratios_of_means": ratios("mean"),
             "target": 1.25}
 
 
