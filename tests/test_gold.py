@@ -5,6 +5,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 
 from spark_jobs.audit import late_by_date
 from spark_jobs.delta_writes import time_bounds
@@ -226,6 +227,112 @@ def test_an_attribution_batch_reads_only_the_files_around_its_clicks(spark, sett
     versions = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
     ad_attribution.upsert(spark, settings, attribution_rows(spark, []))
     assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == versions
+
+
+def test_a_batch_of_new_attributions_is_written_as_one_file(spark, settings,
+                                                             monkeypatch) -> None:
+    """The join's output arrives in a partition per shuffle partition (2 in the tests, 4 by
+    default); written as it is, every batch would add that many files to the table (and to
+    every snapshot Delta replays afterwards)."""
+    ensure_table(spark, settings, ad_attribution.TABLE)
+    path = ad_attribution.TABLE.path(settings)
+
+    def batch(first: int):
+        # 40 clicks, each with its view 5 minutes before: the window over click_event_id
+        # spreads them over the shuffle partitions, as in a stream's batch.
+        candidates = spark.createDataFrame(
+            [(f"c-{n}", at(30, n % 60), "u-1", "ad-1", f"v-{n}", at(25, n % 60), "u-1", "ad-1")
+             for n in range(first, first + 40)],
+            "click_event_id string, click_time timestamp, click_user_id string, "
+            "click_ad_id string, view_event_id string, view_time timestamp, "
+            "view_user_id string, view_ad_id string")
+        return ad_attribution.latest_view_per_click(candidates).persist()
+
+    def files_added() -> int:
+        last = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()
+        return int(last.operationMetrics["numTargetFilesAdded"])
+
+    # A stream's micro-batch runs without adaptive execution, which would coalesce them.
+    spark.conf.set("spark.sql.adaptive.enabled", "false")
+    try:
+        spread = batch(0)
+        assert spread.rdd.getNumPartitions() == 2  # what the table would get a file each of
+        ad_attribution.upsert(spark, settings, spread)
+        assert files_added() == 1
+        # Past the bound, a file per that many attributions (40 at 20 a file: 2).
+        monkeypatch.setattr(ad_attribution, "ATTRIBUTIONS_PER_FILE", 20)
+        ad_attribution.upsert(spark, settings, batch(100))
+        assert files_added() == 2
+    finally:
+        spark.conf.unset("spark.sql.adaptive.enabled")
+    assert spark.read.format("delta").load(path).count() == 80
+
+
+def test_closed_windows_are_set_apart_from_the_file_the_merges_rewrite(spark, settings,
+                                                                       monkeypatch) -> None:
+    ensure_table(spark, settings, campaign_stats.TABLE)
+    path = campaign_stats.TABLE.path(settings)
+    monkeypatch.setattr(campaign_stats, "COPIED_ROWS_BEFORE_SET_APART", 20)
+
+    def add(minutes: range) -> None:
+        """One view in each minute's window of campaign c-1, MERGEd as a batch does."""
+        rows = [("c-1", at(m), at(m + 1), 1, 0, 0, Decimal("0")) for m in minutes]
+        campaign_stats.add_to_windows(
+            spark, settings, spark.createDataFrame(rows, campaign_stats.SCHEMA).coalesce(1),
+            (f"{at(minutes[0])}", f"{at(minutes[-1])}"))
+
+    def copied() -> int:
+        last = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()
+        return int(last.operationMetrics["numTargetRowsCopied"])
+
+    def table() -> list[tuple]:
+        return sorted((r.window_start, r.views) for r in
+                      spark.read.format("delta").load(path).collect())
+
+    watermark_at_25 = watermark._micros(at(25))
+    add(range(0, 30))  # one file of windows 12:00 to 12:29
+    add(range(29, 31))  # 12:29 updated, 12:30 inserted: the other 29 rows rewritten as they were
+    assert copied() == 29
+    before = table()
+    assert campaign_stats.set_closed_windows_apart(spark, settings, watermark_at_25)
+    assert table() == before  # the same rows, in other files
+    # Windows ending by 12:25 (12:00 to 12:24) lie in files of their own, apart from the open
+    # ones (a MERGE writes a file per shuffle partition, so the open ones may be in two).
+    files = (spark.read.format("delta").load(path)
+             .groupBy("_metadata.file_path").agg(F.min("window_start"), F.max("window_start"))
+             .collect())
+    assert {(low.minute, high.minute) for _, low, high in files if high.minute < 25} == {(0, 24)}
+    assert all(low.minute >= 25 for _, low, high in files if high.minute >= 25)
+    # The next batch's MERGE rewrites open windows only: of the 6 rows, at most the other 5.
+    add(range(30, 31))
+    assert copied() <= 5
+    # Below the bound nothing moves, and no commit is written.
+    version = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
+    assert not campaign_stats.set_closed_windows_apart(spark, settings, watermark._micros(at(28)))
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == version
+
+
+def test_gold_still_equals_the_batch_recomputation_when_windows_are_set_apart(
+        spark, settings, monkeypatch) -> None:
+    """Closed windows set apart after every batch (bound 1) change no count."""
+    monkeypatch.setattr(campaign_stats, "COPIED_ROWS_BEFORE_SET_APART", 1)
+    batches = [
+        # Ten views a batch, a minute apart, and a click 5 minutes before the batch: inside
+        # the 10-minute watermark, so it updates a window an earlier batch wrote.
+        [(f"v-{k}-{m}", at(10 * k + m), "view", "ad-1") for m in range(10)]
+        + ([(f"c-{k}", at(10 * k - 5), "click", "ad-1")] if k else [])
+        for k in range(6)]
+    stream_batches(spark, settings, batches)
+    path = campaign_stats.TABLE.path(settings)
+    operations = [r.operation for r in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()]
+    assert "WRITE" in operations, "no window was set apart: the test proves nothing"
+    every_event = events(spark, [row for batch in batches for row in batch])
+    expected = campaign_stats.campaign_stats(every_event, mapping(spark, [("ad-1", "c-1", EPOCH)]),
+                                             settings.window_duration)
+    streamed = table(spark, settings, campaign_stats.TABLE)
+    assert streamed.count() == 60  # a window per minute, each once
+    assert streamed.exceptAll(expected).count() == 0
+    assert expected.exceptAll(streamed).count() == 0
 
 
 def test_time_bounds_name_the_same_instants_in_any_session_time_zone(spark) -> None:

@@ -13,6 +13,7 @@ in; a later micro-batch that finds a later view (it arrived out of order) replac
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,8 @@ SCHEMA = StructType([
 ])
 
 TABLE = TableSpec.declared("gold.ad_attribution", SCHEMA)
+# A batch's new attributions go to one file per this many (a small file each below it).
+ATTRIBUTIONS_PER_FILE = 500_000
 QUERY_NAME = str(TABLE.stream)  # the stream this module starts
 
 
@@ -105,12 +108,17 @@ def upsert(spark: SparkSession, settings: Settings, attributions: DataFrame) -> 
     other times by their statistics: a batch's cost does not grow with every click ever."""
     from delta.tables import DeltaTable
 
-    bounds = attributions.agg(*time_bounds("click_time")).first()
+    bounds = attributions.agg(*time_bounds("click_time"), F.count("*").alias("rows")).first()
     if bounds["first"] is None:
         return  # no click found a view: a commit that writes nothing costs as much
     scope = f"t.click_time BETWEEN TIMESTAMP'{bounds['first']}' AND TIMESTAMP'{bounds['last']}'"
+    # A MERGE that matches nothing (the usual batch: new clicks) writes its source's
+    # partitions as they are, one file per shuffle partition: four files a batch, which
+    # Delta then replays in every later snapshot until maintenance compacts them.
+    files = max(1, math.ceil(bounds["rows"] / ATTRIBUTIONS_PER_FILE))
     (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")
-        .merge(attributions.alias("s"), f"{scope} AND t.click_event_id = s.click_event_id")
+        .merge(attributions.coalesce(files).alias("s"),
+               f"{scope} AND t.click_event_id = s.click_event_id")
         .whenMatchedUpdateAll(condition="s.view_time > t.view_time")
         .whenNotMatchedInsertAll()
         .execute())

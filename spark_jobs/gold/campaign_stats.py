@@ -104,6 +104,46 @@ def add_to_windows(spark: SparkSession, settings: Settings, stats: DataFrame,
         .execute())
 
 
+# How many unchanged rows a batch's MERGE may rewrite before the closed windows are moved
+# to a file of their own: about 100 minutes of one-minute windows of 100 campaigns.
+COPIED_ROWS_BEFORE_SET_APART = 10_000
+
+
+def set_closed_windows_apart(spark: SparkSession, settings: Settings, watermark_micros: int
+                             ) -> bool:
+    """Move the windows closed under the watermark out of the file the stream's MERGEs keep
+    rewriting, once that file has grown past ``COPIED_ROWS_BEFORE_SET_APART`` rows; whether
+    it did.
+
+    A MERGE rewrites every file holding a window it updates, with all that file's other
+    rows: the file written by one batch's MERGE is the next one's to rewrite, so without
+    this it gathers every window since the last OPTIMIZE and each batch costs more, all
+    day. Closed windows never change again in the stream (a late event goes to the ledger),
+    so once set apart, in a file whose windows all lie before the watermark, no later
+    batch's scope reaches them. The rows are the same before and after (a replace of
+    exactly the rows it reads), so a replay or a crash in between changes no count."""
+    from delta.tables import DeltaTable
+
+    path = TABLE.path(settings)
+    last = DeltaTable.forPath(spark, path).history(1).first()
+    copied = int((last.operationMetrics or {}).get("numTargetRowsCopied", 0))
+    if last.operation != "MERGE" or copied < COPIED_ROWS_BEFORE_SET_APART:
+        return False
+    closed = f"window_end <= timestamp_micros({watermark_micros})"
+    rows = spark.read.format("delta").load(path)
+    # The files the MERGEs rewrite are those holding an open window; their first window
+    # bounds the replace, so the files of earlier days (compacted) are left alone.
+    rewritten = rows.where(f"NOT ({closed})").select("_metadata.file_path").distinct()
+    first = (rows.select("window_start", "_metadata.file_path").join(rewritten, "file_path")
+             .agg(F.min(F.unix_micros("window_start")).alias("micros")).first()["micros"])
+    if first is None:
+        return False
+    moved = f"window_start >= timestamp_micros({first}) AND {closed}"
+    (rows.where(moved).coalesce(1)  # a day of windows is a small file
+        .write.format("delta").mode("overwrite").option("replaceWhere", moved).save(path))
+    return True
+
+
 def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int, *,
             settings: Settings) -> None:
     with writer.LOCK.batch():  # never beside a gold rebuild (see ``gold.writer``)
@@ -136,6 +176,8 @@ def _process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int
         if summary.first is not None:  # something on time
             _add_on_time(spark, settings, events.where(~late), (summary.first, summary.last),
                          query_id, batch_id, latest)
+            if applied is not None:
+                set_closed_windows_apart(spark, settings, applied)
         watermark.remember(TABLE.path(settings), query_id, batch_id, latest)
     finally:
         rows.unpersist()
