@@ -75,6 +75,20 @@ def user_metadata(path: str | Path, version: int | None = None,
     return [commit.get("userMetadata") for commit in table.history(limit)]
 
 
+def commit_info(path: str | Path, version: int) -> dict[str, Any]:
+    """The ``commitInfo`` of the table's commit ``version`` (operation, metrics, user
+    metadata), read from its log entry alone, without loading the table."""
+    import json
+
+    entry = Path(path) / "_delta_log" / f"{version:020d}.json"
+    with entry.open(encoding="utf-8") as actions:
+        for line in actions:
+            action = json.loads(line)
+            if "commitInfo" in action:
+                return action["commitInfo"]
+    return {}
+
+
 def latest_version(path: str | Path) -> int:
     from deltalake import DeltaTable
 

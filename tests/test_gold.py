@@ -8,7 +8,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from spark_jobs.audit import late_by_date
-from spark_jobs.delta_writes import time_bounds
+from spark_jobs.delta_writes import idempotent_dml, time_bounds
 from spark_jobs.gold import ad_attribution, campaign_stats, watermark
 from spark_jobs.ops import late_data
 from spark_jobs.silver import ad_campaigns
@@ -274,10 +274,10 @@ def test_closed_windows_are_set_apart_from_the_file_the_merges_rewrite(spark, se
     path = campaign_stats.TABLE.path(settings)
     monkeypatch.setattr(campaign_stats, "COPIED_ROWS_BEFORE_SET_APART", 20)
 
-    def add(minutes: range) -> None:
+    def add(minutes: range) -> int | None:
         """One view in each minute's window of campaign c-1, MERGEd as a batch does."""
         rows = [("c-1", at(m), at(m + 1), 1, 0, 0, Decimal("0")) for m in minutes]
-        campaign_stats.add_to_windows(
+        return campaign_stats.add_to_windows(
             spark, settings, spark.createDataFrame(rows, campaign_stats.SCHEMA).coalesce(1),
             (f"{at(minutes[0])}", f"{at(minutes[-1])}"))
 
@@ -291,10 +291,10 @@ def test_closed_windows_are_set_apart_from_the_file_the_merges_rewrite(spark, se
 
     watermark_at_25 = watermark._micros(at(25))
     add(range(0, 30))  # one file of windows 12:00 to 12:29
-    add(range(29, 31))  # 12:29 updated, 12:30 inserted: the other 29 rows rewritten as they were
+    merged = add(range(29, 31))  # 12:29 updated, 12:30 inserted: 29 rows rewritten as they were
     assert copied() == 29
     before = table()
-    assert campaign_stats.set_closed_windows_apart(spark, settings, watermark_at_25)
+    assert campaign_stats.set_closed_windows_apart(spark, settings, watermark_at_25, merged)
     assert table() == before  # the same rows, in other files
     # Windows ending by 12:25 (12:00 to 12:24) lie in files of their own, apart from the open
     # ones (a MERGE writes a file per shuffle partition, so the open ones may be in two).
@@ -304,12 +304,18 @@ def test_closed_windows_are_set_apart_from_the_file_the_merges_rewrite(spark, se
     assert {(low.minute, high.minute) for _, low, high in files if high.minute < 25} == {(0, 24)}
     assert all(low.minute >= 25 for _, low, high in files if high.minute >= 25)
     # The next batch's MERGE rewrites open windows only: of the 6 rows, at most the other 5.
-    add(range(30, 31))
+    merged = add(range(30, 31))
     assert copied() <= 5
     # Below the bound nothing moves, and no commit is written.
     version = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
-    assert not campaign_stats.set_closed_windows_apart(spark, settings, watermark._micros(at(28)))
+    assert not campaign_stats.set_closed_windows_apart(spark, settings,
+                                                       watermark._micros(at(28)), merged)
     assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == version
+    # A MERGE an idempotent replay skipped commits nothing, and says so.
+    with idempotent_dml(spark, "test-query", 0):
+        assert add(range(31, 32)) is not None
+    with idempotent_dml(spark, "test-query", 0):
+        assert add(range(31, 32)) is None
 
 
 def test_gold_still_equals_the_batch_recomputation_when_windows_are_set_apart(

@@ -26,6 +26,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from spark_jobs import delta_reader
 from spark_jobs.config import Settings, spark_interval
 from spark_jobs.delta_writes import idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.faults import crash_point
@@ -88,8 +89,9 @@ def campaign_stats(events: DataFrame, mapping: DataFrame, window_duration: str) 
 
 
 def add_to_windows(spark: SparkSession, settings: Settings, stats: DataFrame,
-                   windows: tuple[str, str]) -> None:
-    """MERGE the counts in. Scoped to the batch's windows (``windows``: the first and last
+                   windows: tuple[str, str]) -> int | None:
+    """MERGE the counts in; the table version it committed (None if it committed nothing:
+    an idempotent replay). Scoped to the batch's windows (``windows``: the first and last
     start, as timestamp literal text), so Delta skips the files of other windows by their
     statistics: a batch's cost does not grow with the table."""
     from delta.tables import DeltaTable
@@ -97,23 +99,29 @@ def add_to_windows(spark: SparkSession, settings: Settings, stats: DataFrame,
     first, last = windows
     scope = f"t.window_start BETWEEN TIMESTAMP'{first}' AND TIMESTAMP'{last}'"
     keys = " AND ".join(f"t.{key} = s.{key}" for key in KEYS)
+    before = spark.conf.get(LAST_COMMIT_VERSION, None)
     (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")
         .merge(stats.alias("s"), f"{scope} AND {keys}")
         .whenMatchedUpdate(set={name: f"t.{name} + s.{name}" for name in COUNTS})
         .whenNotMatchedInsertAll()
         .execute())
+    after = spark.conf.get(LAST_COMMIT_VERSION, None)
+    return None if after in (None, before) else int(after)
 
 
+# Where Delta notes the version its last commit in this Spark session wrote (each stream runs
+# in a session of its own).
+LAST_COMMIT_VERSION = "spark.databricks.delta.lastCommitVersionInSession"
 # How many unchanged rows a batch's MERGE may rewrite before the closed windows are moved
 # to a file of their own: about 100 minutes of one-minute windows of 100 campaigns.
 COPIED_ROWS_BEFORE_SET_APART = 10_000
 
 
-def set_closed_windows_apart(spark: SparkSession, settings: Settings, watermark_micros: int
-                             ) -> bool:
+def set_closed_windows_apart(spark: SparkSession, settings: Settings, watermark_micros: int,
+                             merged: int) -> bool:
     """Move the windows closed under the watermark out of the file the stream's MERGEs keep
-    rewriting, once that file has grown past ``COPIED_ROWS_BEFORE_SET_APART`` rows; whether
-    it did.
+    rewriting, once the MERGE that committed version ``merged`` copied more than
+    ``COPIED_ROWS_BEFORE_SET_APART`` unchanged rows; whether it did.
 
     A MERGE rewrites every file holding a window it updates, with all that file's other
     rows: the file written by one batch's MERGE is the next one's to rewrite, so without
@@ -122,12 +130,11 @@ def set_closed_windows_apart(spark: SparkSession, settings: Settings, watermark_
     so once set apart, in a file whose windows all lie before the watermark, no later
     batch's scope reaches them. The rows are the same before and after (a replace of
     exactly the rows it reads), so a replay or a crash in between changes no count."""
-    from delta.tables import DeltaTable
-
     path = TABLE.path(settings)
-    last = DeltaTable.forPath(spark, path).history(1).first()
-    copied = int((last.operationMetrics or {}).get("numTargetRowsCopied", 0))
-    if last.operation != "MERGE" or copied < COPIED_ROWS_BEFORE_SET_APART:
+    # The commit's own metrics, read from its log entry (Delta's history call costs a
+    # batch about 0.2 s).
+    metrics = delta_reader.commit_info(path, merged).get("operationMetrics", {})
+    if int(metrics.get("numTargetRowsCopied", 0)) < COPIED_ROWS_BEFORE_SET_APART:
         return False
     closed = f"window_end <= timestamp_micros({watermark_micros})"
     rows = spark.read.format("delta").load(path)
@@ -174,10 +181,10 @@ def _process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int
             crash_point("gold_campaign_stats.after_ledger")
         latest = max((t for t in (seen_before, summary.latest) if t is not None), default=None)
         if summary.first is not None:  # something on time
-            _add_on_time(spark, settings, events.where(~late), (summary.first, summary.last),
-                         query_id, batch_id, latest)
-            if applied is not None:
-                set_closed_windows_apart(spark, settings, applied)
+            merged = _add_on_time(spark, settings, events.where(~late),
+                                  (summary.first, summary.last), query_id, batch_id, latest)
+            if applied is not None and merged is not None:
+                set_closed_windows_apart(spark, settings, applied, merged)
         watermark.remember(TABLE.path(settings), query_id, batch_id, latest)
     finally:
         rows.unpersist()
@@ -197,14 +204,15 @@ def _summarize(events: DataFrame, late: Column) -> Row:
 
 
 def _add_on_time(spark: SparkSession, settings: Settings, on_time: DataFrame,
-                 windows: tuple[str, str], query_id: str, batch_id: int, latest: int) -> None:
+                 windows: tuple[str, str], query_id: str, batch_id: int, latest: int
+                 ) -> int | None:
     """MERGE the on-time events' counts into ``windows``, once per batch, in a commit that
-    carries the latest event time up to this batch."""
+    carries the latest event time up to this batch; the version it committed, if any."""
     mapping = spark.read.format("delta").load(ad_campaigns.TABLE.path(settings))
     stats = campaign_stats(on_time.drop("_window"), mapping, settings.window_duration)
     with (idempotent_dml(spark, query_id, batch_id),
           watermark.carried_by_commit(spark, query_id, batch_id, latest)):
-        add_to_windows(spark, settings, stats, windows)
+        return add_to_windows(spark, settings, stats, windows)
 
 
 def rebuild(spark: SparkSession, settings: Settings, events: DataFrame, days: DateRange,
