@@ -19,6 +19,7 @@ from spark_jobs.tables import read as read_table
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 
 @dataclass
@@ -49,10 +50,23 @@ def rows_per_date(frame: DataFrame, date_column: Column) -> dict[str, int]:
             frame.groupBy(date_column.alias("day")).agg(F.count("*").alias("n")).collect()}
 
 
-def _same_rows(left: DataFrame, right: DataFrame) -> bool:
-    """Whether both frames hold the same rows, duplicates counted."""
-    return (left.exceptAll(right).limit(1).count() == 0
-            and right.exceptAll(left).limit(1).count() == 0)
+def content_digest(frame: DataFrame, schema: StructType) -> tuple[object, ...]:
+    """The rows' count and two independent 64-bit hashes of every row, summed: equal for
+    the same rows in any order (duplicates counted), and for different rows equal only by
+    chance (about one in 2**128). A row's hashes cover its values, read as ``schema``'s types,
+    and which of them are NULL, so (NULL, 1) and (1, NULL) differ."""
+    columns = [F.col(field.name).cast(field.dataType) for field in schema.fields]
+    nulls = [column.isNull() for column in columns]
+    sums = [F.sum(F.xxhash64(F.lit(seed), *nulls, *columns).cast("decimal(38,0)"))
+            for seed in ("first", "second")]
+    return tuple(frame.agg(F.count(F.lit(1)), *sums).first())
+
+
+def _same_rows(left: DataFrame, right: DataFrame, schema: StructType) -> bool:
+    """Whether both frames hold the same rows, duplicates counted: compared by digest, one
+    aggregation a side (a row-by-row ``exceptAll`` both ways took a day of silver 6.8-9 s,
+    the digests 1.3-1.6 s)."""
+    return content_digest(left, schema) == content_digest(right, schema)
 
 
 def read_current(spark: SparkSession, settings: Settings, spec: TableSpec) -> DataFrame:
@@ -71,11 +85,11 @@ def replace_range(spark: SparkSession, settings: Settings, spec: TableSpec, rows
     of the table (gold's, under its one writer, always do)."""
     current = read_current(spark, settings, spec).where(predicate)
     rows = rows.select(*spec.schema.fieldNames())
-    # Counts that differ on a date already say the rows differ; the exact comparison, which
-    # costs more than computing the rows, only runs when every date's count is the same,
-    # or when a commit between the two counts may be all that made them differ.
+    # Counts that differ on a date already say the rows differ; the content comparison
+    # only runs when every date's count is the same, or when a commit between the two
+    # counts may be all that made them differ.
     differs = bool(change.changed_dates) and counted_at_one_version
-    if not differs and _same_rows(current, rows):
+    if not differs and _same_rows(current, rows, spec.schema):
         change.note = "unchanged"
         return
     if dry_run:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_jobs import reasons, streaming
 from spark_jobs.audit import account
@@ -18,6 +19,7 @@ from spark_jobs.dates import DateRange, DateRangeError
 from spark_jobs.generator import write_atomically
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import gold_rebuilds, late_data
+from spark_jobs.range_rebuild import content_digest
 from spark_jobs.reprocess import (
     rebuild_gold,
     rebuild_silver,
@@ -303,6 +305,27 @@ def test_a_window_that_changed_is_replaced_though_every_date_keeps_its_row_count
     assert stats_change.rows_before == stats_change.rows_after == {str(DAY_2): 1}
     assert stats_change.written
     assert [r.views for r in table(spark, settings, campaign_stats.TABLE).collect()] == [2]
+
+
+def test_the_content_digest_tells_rows_apart_but_not_their_order(spark) -> None:
+    schema = StructType([StructField("a", StringType()), StructField("n", LongType())])
+
+    def digest(rows: list[tuple]) -> tuple:
+        return content_digest(spark.createDataFrame(rows, schema), schema)
+
+    rows = [("x", 1), ("y", 2), (None, 3)]
+    assert digest(rows) == digest(list(reversed(rows)))  # order does not matter
+    assert digest(rows) != digest([("x", 1), ("y", 2), (None, 4)])  # one value
+    # Duplicates count: {x, x, y} is not {x, y, y}, though both hold x and y.
+    assert digest([("x", 1), ("x", 1), ("y", 2)]) != digest([("x", 1), ("y", 2), ("y", 2)])
+    # Where a NULL sits matters, though the other values are the same.
+    wide = StructType([StructField("p", LongType()), StructField("q", LongType())])
+    assert (content_digest(spark.createDataFrame([(None, 1)], wide), wide)
+            != content_digest(spark.createDataFrame([(1, None)], wide), wide))
+    # Values are read as the table's types: a count computed as a decimal is the same row.
+    as_decimal = spark.createDataFrame([("x", Decimal(1))], "a string, n decimal(20,0)")
+    assert content_digest(as_decimal, schema) == digest([("x", 1)])
+    assert digest([]) == (0, None, None)
 
 
 def test_a_replayed_delivery_earlier_than_silver_s_row_becomes_the_event_s_row(
