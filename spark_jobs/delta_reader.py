@@ -89,6 +89,23 @@ def commit_info(path: str | Path, version: int) -> dict[str, Any]:
     return {}
 
 
+def file_statistics(path: str | Path, timestamp_columns: Sequence[str]
+                    ) -> list[dict[str, int | None]]:
+    """Per data file of the table's current snapshot, from the statistics in its log: its
+    row count (``num_records``) and each timestamp column's ``min.<column>`` and
+    ``max.<column>`` in microseconds since the epoch (None where a file has none)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True))
+    names = ["num_records", *(f"{bound}.{column}" for column in timestamp_columns
+                              for bound in ("min", "max"))]
+    columns = {name: (actions.column(name) if name == "num_records"
+                      else actions.column(name).cast(pa.int64())).to_pylist()
+               for name in names}
+    return [{name: columns[name][row] for name in names} for row in range(actions.num_rows)]
+
+
 def latest_version(path: str | Path) -> int:
     from deltalake import DeltaTable
 

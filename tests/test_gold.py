@@ -2,6 +2,7 @@
 
 from datetime import datetime
 from decimal import Decimal
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -311,11 +312,30 @@ def test_closed_windows_are_set_apart_from_the_file_the_merges_rewrite(spark, se
     assert not campaign_stats.set_closed_windows_apart(spark, settings,
                                                        watermark._micros(at(28)), merged)
     assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == version
+    # After the nightly OPTIMIZE the whole table is one file again: the next MERGE copies
+    # all of it, and the closed windows are set apart once more, in files of at most 10
+    # rows here, in window order.
+    spark.sql(f"OPTIMIZE delta.`{path}`")
+    monkeypatch.setattr(campaign_stats, "ROWS_PER_SET_APART_FILE", 10)
+    merged = add(range(30, 32))  # 12:30 is in the compacted file: all of it is rewritten
+    assert copied() == 30
+    after_merge = table()
+    assert campaign_stats.set_closed_windows_apart(spark, settings, watermark._micros(at(28)),
+                                                   merged)
+    assert table() == after_merge
+    files = sorted((low.minute, high.minute) for _, low, high in
+                   spark.read.format("delta").load(path).groupBy("_metadata.file_path")
+                   .agg(F.min("window_start"), F.max("window_start")).collect())
+    # Closed: the windows ending by 12:28, 12:00 to 12:27.
+    closed_files = [(low, high) for low, high in files if high < 28]
+    assert all(low >= 28 for low, high in files if high >= 28)
+    assert len(closed_files) >= 2 and closed_files[0][0] == 0 and closed_files[-1][1] == 27
+    assert all(left[1] < right[0] for left, right in pairwise(closed_files))
     # A MERGE an idempotent replay skipped commits nothing, and says so.
     with idempotent_dml(spark, "test-query", 0):
-        assert add(range(31, 32)) is not None
+        assert add(range(32, 33)) is not None
     with idempotent_dml(spark, "test-query", 0):
-        assert add(range(31, 32)) is None
+        assert add(range(32, 33)) is None
 
 
 def test_gold_still_equals_the_batch_recomputation_when_windows_are_set_apart(

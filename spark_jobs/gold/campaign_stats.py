@@ -13,6 +13,7 @@ it is counted in ``ops.late_data`` by window and date, for reprocessing to repai
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from pyspark.sql import Column
@@ -99,14 +100,16 @@ def add_to_windows(spark: SparkSession, settings: Settings, stats: DataFrame,
     first, last = windows
     scope = f"t.window_start BETWEEN TIMESTAMP'{first}' AND TIMESTAMP'{last}'"
     keys = " AND ".join(f"t.{key} = s.{key}" for key in KEYS)
-    before = spark.conf.get(LAST_COMMIT_VERSION, None)
+    # Unset first: the session's earlier commit (the ledger's, another table) may have
+    # the very version number this MERGE gets.
+    spark.conf.unset(LAST_COMMIT_VERSION)
     (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")
         .merge(stats.alias("s"), f"{scope} AND {keys}")
         .whenMatchedUpdate(set={name: f"t.{name} + s.{name}" for name in COUNTS})
         .whenNotMatchedInsertAll()
         .execute())
-    after = spark.conf.get(LAST_COMMIT_VERSION, None)
-    return None if after in (None, before) else int(after)
+    committed = spark.conf.get(LAST_COMMIT_VERSION, None)
+    return None if committed is None else int(committed)
 
 
 # Where Delta notes the version its last commit in this Spark session wrote (each stream runs
@@ -115,6 +118,8 @@ LAST_COMMIT_VERSION = "spark.databricks.delta.lastCommitVersionInSession"
 # How many unchanged rows a batch's MERGE may rewrite before the closed windows are moved
 # to a file of their own: about 100 minutes of one-minute windows of 100 campaigns.
 COPIED_ROWS_BEFORE_SET_APART = 10_000
+# Closed windows set apart go to files of about this many rows, in window order.
+ROWS_PER_SET_APART_FILE = 1_000_000
 
 
 def set_closed_windows_apart(spark: SparkSession, settings: Settings, watermark_micros: int,
@@ -133,21 +138,28 @@ def set_closed_windows_apart(spark: SparkSession, settings: Settings, watermark_
     path = TABLE.path(settings)
     # The commit's own metrics, read from its log entry (Delta's history call costs a
     # batch about 0.2 s).
-    metrics = delta_reader.commit_info(path, merged).get("operationMetrics", {})
-    if int(metrics.get("numTargetRowsCopied", 0)) < COPIED_ROWS_BEFORE_SET_APART:
+    merge = delta_reader.commit_info(path, merged)
+    copied = int(merge.get("operationMetrics", {}).get("numTargetRowsCopied", 0))
+    if merge.get("operation") != "MERGE" or copied < COPIED_ROWS_BEFORE_SET_APART:
         return False
-    closed = f"window_end <= timestamp_micros({watermark_micros})"
-    rows = spark.read.format("delta").load(path)
-    # The files the MERGEs rewrite are those holding an open window; their first window
-    # bounds the replace, so the files of earlier days (compacted) are left alone.
-    rewritten = rows.where(f"NOT ({closed})").select("_metadata.file_path").distinct()
-    first = (rows.select("window_start", "_metadata.file_path").join(rewritten, "file_path")
-             .agg(F.min(F.unix_micros("window_start")).alias("micros")).first()["micros"])
-    if first is None:
-        return False
-    moved = f"window_start >= timestamp_micros({first}) AND {closed}"
-    (rows.where(moved).coalesce(1)  # a day of windows is a small file
-        .write.format("delta").mode("overwrite").option("replaceWhere", moved).save(path))
+    # The files the MERGEs rewrite are those holding an open window (by their statistics in
+    # the log); the first window they hold bounds the replace, so files already set apart
+    # are left alone. After the nightly OPTIMIZE that is one file of the whole table: set
+    # apart once, instead of rewritten whole by every batch until the next night.
+    rewritten = [stats for stats in delta_reader.file_statistics(path, ("window_start",
+                                                                         "window_end"))
+                 if stats["max.window_end"] is None or stats["max.window_end"] > watermark_micros]
+    if not rewritten or any(stats["min.window_start"] is None for stats in rewritten):
+        return False  # nothing open, or a file without statistics: leave the layout alone
+    first = min(stats["min.window_start"] for stats in rewritten)
+    moved = (f"window_start >= timestamp_micros({first}) "
+             f"AND window_end <= timestamp_micros({watermark_micros})")
+    rows = spark.read.format("delta").load(path).where(moved)
+    # Files in window order, a million rows each: later reads skip them by time.
+    files = math.ceil(sum(stats["num_records"] for stats in rewritten) / ROWS_PER_SET_APART_FILE)
+    laid_out = (rows.repartitionByRange(files, "window_start") if files > 1
+                else rows.coalesce(1))
+    laid_out.write.format("delta").mode("overwrite").option("replaceWhere", moved).save(path)
     return True
 
 
