@@ -75,18 +75,25 @@ def user_metadata(path: str | Path, version: int | None = None,
     return [commit.get("userMetadata") for commit in table.history(limit)]
 
 
-def commit_info(path: str | Path, version: int) -> dict[str, Any]:
-    """The ``commitInfo`` of the table's commit ``version`` (operation, metrics, user
-    metadata), read from its log entry alone, without loading the table."""
+def commit_entry(path: str | Path, version: int) -> Path:
+    """The log entry (a local file) of the table's commit ``version``."""
+    return Path(path) / "_delta_log" / f"{version:020d}.json"
+
+
+def commit_actions(path: str | Path, version: int) -> list[dict[str, Any]]:
+    """The actions of the table's commit ``version``, read from its log entry alone, without
+    loading the table."""
     import json
 
-    entry = Path(path) / "_delta_log" / f"{version:020d}.json"
-    with entry.open(encoding="utf-8") as actions:
-        for line in actions:
-            action = json.loads(line)
-            if "commitInfo" in action:
-                return action["commitInfo"]
-    return {}
+    with commit_entry(path, version).open(encoding="utf-8") as entry:
+        return [json.loads(line) for line in entry]
+
+
+def commit_info(path: str | Path, version: int) -> dict[str, Any]:
+    """The ``commitInfo`` of the table's commit ``version`` (operation, metrics, user
+    metadata)."""
+    return next((action["commitInfo"] for action in commit_actions(path, version)
+                 if "commitInfo" in action), {})
 
 
 def file_statistics(path: str | Path, timestamp_columns: Sequence[str]
@@ -98,12 +105,10 @@ def file_statistics(path: str | Path, timestamp_columns: Sequence[str]
     from deltalake import DeltaTable
 
     actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True))
-    names = ["num_records", *(f"{bound}.{column}" for column in timestamp_columns
-                              for bound in ("min", "max"))]
-    columns = {name: (actions.column(name) if name == "num_records"
-                      else actions.column(name).cast(pa.int64())).to_pylist()
-               for name in names}
-    return [{name: columns[name][row] for name in names} for row in range(actions.num_rows)]
+    columns = {"num_records": actions.column("num_records").to_pylist()}
+    for name in (f"{bound}.{column}" for column in timestamp_columns for bound in ("min", "max")):
+        columns[name] = actions.column(name).cast(pa.int64()).to_pylist()
+    return [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
 
 
 def latest_version(path: str | Path) -> int:

@@ -107,7 +107,7 @@ def grow(spark: SparkSession, settings: Settings, table: TableSpec, commits: int
     (scratch / "_delta_log").mkdir(parents=True)
     # The table's own creation (schema, partitioning, statistics columns) in front of
     # the scratch table, so Delta writes the files as it would write the table's.
-    shutil.copy(path / "_delta_log" / f"{0:020d}.json", scratch / "_delta_log")
+    shutil.copy(delta_reader.commit_entry(path, 0), scratch / "_delta_log")
     start = int((now - HISTORY_SPAN).timestamp())
     step = HISTORY_SPAN.total_seconds() / commits
     file_number = F.floor(F.col("id") / ROWS_PER_HISTORY_FILE)
@@ -116,9 +116,8 @@ def grow(spark: SparkSession, settings: Settings, table: TableSpec, commits: int
     (spark.range(0, commits * ROWS_PER_HISTORY_FILE, numPartitions=commits)
         .select(*_filler(table.schema, moment))
         .write.format("delta").mode("append").save(str(scratch)))
-    adds = [json.loads(line)["add"]
-            for line in (scratch / "_delta_log" / f"{1:020d}.json").read_text().splitlines()
-            if line.startswith('{"add"')]
+    adds = [action["add"] for action in delta_reader.commit_actions(scratch, 1)
+            if "add" in action]
     version = delta_reader.latest_version(path)
     previous: dict[str, Any] | None = None
     for number, add in enumerate(sorted(adds, key=lambda add: add["path"])):
@@ -138,7 +137,7 @@ def grow(spark: SparkSession, settings: Settings, table: TableSpec, commits: int
                 "extendedFileMetadata": True, "partitionValues": previous["partitionValues"],
                 "size": previous["size"]}})
         previous = add
-        with open(path / "_delta_log" / f"{version:020d}.json", "x", encoding="utf-8") as log:
+        with open(delta_reader.commit_entry(path, version), "x", encoding="utf-8") as log:
             log.write("".join(json.dumps(action) + "\n" for action in actions))
     shutil.rmtree(scratch)
     DeltaTable(str(path)).create_checkpoint()
@@ -315,7 +314,7 @@ def render(results: dict[str, Any]) -> str:
     for history in results["histories"]:
         for name, spread in history["seconds"].items():
             lines.append(f"  after {history['earlier_batches']:>6,}  {name:<22}"
-                         f"{spread['median']:>7.2f}, {spread.get('mean', 0):.2f} "
+                         f"{spread['median']:>7.2f}, {spread['mean']:.2f} "
                          f"[{spread['min']:.2f}-{spread['max']:.2f}]")
     lines.append("  Spark's phases of a batch (median seconds, over 0.05 s):")
     for history in results["histories"]:
@@ -324,6 +323,6 @@ def render(results: dict[str, Any]) -> str:
                               if seconds > 0.05 and phase != "triggerExecution")
             lines.append(f"  after {history['earlier_batches']:>6,}  {name:<22}{shown}")
     for name, value in results["ratios"].items():
-        mean = results.get("ratios_of_means", {}).get(name)
-        lines.append(f"  {name}: {value} (target {results['target']}), of means {mean}")
+        lines.append(f"  {name}: {value} (target {results['target']}), "
+                     f"of means {results['ratios_of_means'][name]}")
     return "\n".join(lines)

@@ -56,6 +56,14 @@ KEYS = ("campaign_id", "window_start")
 COUNTS = ("views", "clicks", "purchases", "revenue")
 # The silver columns a micro-batch needs: the event_id to skip what a rebuild counted.
 INPUTS = ("event_id", "event_date", "event_time", "event_type", "ad_id", "price")
+# Where Delta notes the version its last commit in this Spark session wrote (each stream runs
+# in a session of its own).
+LAST_COMMIT_VERSION = "spark.databricks.delta.lastCommitVersionInSession"
+# How many unchanged rows a batch's MERGE may rewrite before the closed windows are moved
+# to a file of their own: about 100 minutes of one-minute windows of 100 campaigns.
+COPIED_ROWS_BEFORE_SET_APART = 10_000
+# Closed windows set apart go to files of about this many rows, in window order.
+ROWS_PER_SET_APART_FILE = 1_000_000
 
 SCHEMA = StructType([
     StructField("campaign_id", StringType(), False),
@@ -110,16 +118,6 @@ def add_to_windows(spark: SparkSession, settings: Settings, stats: DataFrame,
         .execute())
     committed = spark.conf.get(LAST_COMMIT_VERSION, None)
     return None if committed is None else int(committed)
-
-
-# Where Delta notes the version its last commit in this Spark session wrote (each stream runs
-# in a session of its own).
-LAST_COMMIT_VERSION = "spark.databricks.delta.lastCommitVersionInSession"
-# How many unchanged rows a batch's MERGE may rewrite before the closed windows are moved
-# to a file of their own: about 100 minutes of one-minute windows of 100 campaigns.
-COPIED_ROWS_BEFORE_SET_APART = 10_000
-# Closed windows set apart go to files of about this many rows, in window order.
-ROWS_PER_SET_APART_FILE = 1_000_000
 
 
 def set_closed_windows_apart(spark: SparkSession, settings: Settings, watermark_micros: int,
