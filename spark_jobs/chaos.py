@@ -52,8 +52,9 @@ log = logging.getLogger(__name__)
 # that follows it: silver's MERGE, gold's MERGE, the attribution join's batch.
 SCHEDULE: tuple[str | None, ...] = (
     "silver_ad_events.after_quarantine",
-    None,
+    "bronze_ad_events.after_batch",
     "gold_campaign_stats.after_ledger",
+    None,
     "silver_ad_events.between_merges",
     "silver_ad_events.after_quarantine+0.5",
     None,

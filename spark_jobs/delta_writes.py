@@ -4,6 +4,11 @@ Delta records (app id, version) in the table's log with each commit and skips a 
 that carries a version it has already seen. The app id is the streaming query's id, kept in
 its checkpoint: a new checkpoint is a new query, whose batch 0 must not be mistaken for the
 old query's batch 0.
+
+Delta answers that check from the table's whole state, rebuilt for every new version (for
+an append, the only reason to rebuild it). So appends that happen every batch
+(:func:`append_once`) ask only where a replay is possible: the first batch a run of the
+query processes is the only one an earlier run can have begun.
 """
 
 from __future__ import annotations
@@ -37,6 +42,54 @@ CONFLICT_ATTEMPTS = 6
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+
+
+# Per checkpoint, the last micro-batch the current run of its query completed in this process.
+_completed_in_run: dict[str, int] = {}
+
+
+def may_be_replay(checkpoint: str, batch_id: int) -> bool:
+    """Whether an earlier run of the query may have written part of batch ``batch_id``.
+
+    Spark plans a batch again only when a query starts (the batch its last run planned and
+    did not commit), so only the first batch of a run, or one after a failed attempt in
+    this process, can be such a replay."""
+    return _completed_in_run.get(checkpoint) != batch_id - 1
+
+
+def append_once(rows: DataFrame, path: str, checkpoint: str, batch_id: int, *,
+                stamp_column: str, key_column: str) -> bool:
+    """Append micro-batch ``batch_id``'s ``rows``, whose ``stamp_column`` holds the batch's
+    own time, unless an earlier run committed them already; whether it appended.
+
+    The time is ``current_timestamp()`` within the streaming query, which Spark fixes when
+    it plans the batch and keeps in its offset log, so a replay carries it again. An append
+    commits all of a batch's rows or none, so any one of them (its ``key_column``, unique
+    to the row's record, with the stamp: another query's batch may share the millisecond)
+    proves the batch's commit. Looked for only where a replay is possible
+    (:func:`may_be_replay`): once a run, where Delta's transaction check rebuilds the
+    table's state for every batch.
+    """
+    if not may_be_replay(checkpoint, batch_id):
+        rows.write.format("delta").mode("append").save(path)
+        return True
+    rows = rows.persist()  # computed once for the look and the append (metrics count once)
+    try:
+        first = rows.select(F.unix_micros(stamp_column).alias("stamp"), key_column).first()
+        if first is None:
+            return False
+        # Literals, so files are skipped by their statistics.
+        committed = rows.sparkSession.read.format("delta").load(path).where(
+            (F.col(stamp_column) == F.timestamp_micros(F.lit(first.stamp)))
+            & (F.col(key_column) == F.lit(first[key_column])))
+        if not committed.isEmpty():
+            log.info("batch %d of %s was committed to %s by an earlier run: not again",
+                     batch_id, Path(checkpoint).name, path)
+            return False
+        rows.write.format("delta").mode("append").save(path)
+        return True
+    finally:
+        rows.unpersist()
 
 
 def query_id(checkpoint: str) -> str:
@@ -124,14 +177,23 @@ def exactly_once_batches(checkpoint: str, process: BatchProcessor
     where (app_id, batch_id) is the transaction identifier for its idempotent writes."""
     app_id: list[str] = []  # read once the query has written its checkpoint metadata
     query_name = Path(checkpoint).name
+    _completed_in_run.pop(checkpoint, None)  # a new run: its first batch may be a replay
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:
         if not app_id:
             app_id.append(query_id(checkpoint))
         crash_point(f"{query_name}.before_batch")
+
+        def attempt() -> None:
+            try:
+                process(batch.sparkSession, batch, app_id[0], batch_id)
+            except BaseException:
+                _completed_in_run.pop(checkpoint, None)  # it may have written part
+                raise
+
         # The writes inside are idempotent, so a retry re-applies only what did not commit.
-        retry_on_conflict(lambda: process(batch.sparkSession, batch, app_id[0], batch_id),
-                          f"micro-batch {batch_id} of {query_name}")
+        retry_on_conflict(attempt, f"micro-batch {batch_id} of {query_name}")
+        _completed_in_run[checkpoint] = batch_id
         crash_point(f"{query_name}.after_batch")  # written, not in the commit log yet
 
     return write_batch

@@ -25,6 +25,8 @@ CRASH_AT_VARIABLE = "LAKEHOUSE_CRASH_AT"
 
 # Every point the code passes, so a chaos schedule (or a typo in one) is checked up front.
 POINTS = (
+    "bronze_ad_events.before_batch",
+    "bronze_ad_events.after_batch",
     "silver_ad_events.before_batch",
     "silver_ad_events.after_quarantine",
     "silver_ad_events.between_merges",

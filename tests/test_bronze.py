@@ -75,6 +75,45 @@ def test_stream_lands_plain_gzip_bom_and_invalid_utf8_exactly_once(spark, settin
     assert sum(row.num_input_rows for row in batches) == 5
 
 
+def test_a_batch_replayed_after_its_commit_lands_once_and_keeps_its_time(spark, tmp_path
+                                                                         ) -> None:
+    """Killed after bronze's append committed but before Spark recorded the batch done, the
+    driver replays the batch on its next start: its rows are found by the batch's time (the
+    same in the replay, from the offset log) and not appended again."""
+    import json
+
+    settings = make_settings(tmp_path / "lake", max_files_per_trigger=1)
+    land(settings, "one.jsonl", b'{"n":1}\n{"n":2}\n')
+    land(settings, "two.jsonl", b'{"n":3}\n')
+    streaming.run_available_now(spark, settings, ["bronze"])  # a batch per file
+    checkpoint = Path(settings.checkpoint(bronze.QUERY_NAME))
+    path = bronze.TABLE.path(settings)
+    # Each batch's rows carry the time Spark planned it with, kept in its offset log.
+    planned = [int(json.loads((checkpoint / "offsets" / str(batch)).read_text()
+                              .splitlines()[1])["batchTimestampMs"]) for batch in (0, 1)]
+    stamps = {row.ingested_at.timestamp() * 1000 for row in bronze_rows(spark, settings)}
+    assert stamps == set(planned) and planned[0] < planned[1]
+    everything = ['{"n":1}', '{"n":2}', '{"n":3}']
+
+    def forget_batch_1() -> None:  # the kill: batch 1 not recorded done
+        for name in ("1", ".1.crc"):
+            (checkpoint / "commits" / name).unlink(missing_ok=True)
+
+    forget_batch_1()  # after its append committed
+    version = delta_reader.latest_version(path)
+    streaming.run_available_now(spark, settings, ["bronze"])
+    assert (checkpoint / "commits" / "1").exists()  # replayed, and done this time
+    assert sorted(row.raw for row in bronze_rows(spark, settings)) == everything
+    assert delta_reader.latest_version(path) == version  # not appended again
+
+    # Killed before the append committed (its rows gone), the replay appends them.
+    forget_batch_1()
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE ingested_at = timestamp_millis({planned[1]})")
+    assert len(bronze_rows(spark, settings)) < 3
+    streaming.run_available_now(spark, settings, ["bronze"])
+    assert sorted(row.raw for row in bronze_rows(spark, settings)) == everything
+
+
 def test_bronze_is_readable_by_another_delta_reader_and_by_name(spark, settings) -> None:
     land(settings, "one.jsonl", b'{"n":1}\n{"n":2}\n')
     streaming.run_available_now(spark, settings, ["bronze"])

@@ -3,6 +3,9 @@
 import json
 from datetime import datetime, timedelta
 
+import pytest
+from pyspark.sql import functions as F
+
 from spark_jobs.audit import account
 from spark_jobs.delta_reader import latest_version
 from spark_jobs.silver import ad_events as silver
@@ -56,14 +59,58 @@ def test_duplicates_within_one_batch_keep_the_earliest_delivery(spark, settings)
 def test_a_replayed_batch_is_not_applied_twice(spark, settings) -> None:
     prepare(spark, settings)
     batch = bronze_frame(spark, [view("e-1"), "not json"])
+    planned_at = datetime(2026, 11, 22, 12, 0, 5)  # a replay comes with its batch's time
     # A crash after the quarantine append but before the MERGE committed:
-    quarantine.append(validate(batch, Rules.from_settings(settings)),
-                      settings, APP, 0)
+    quarantine.append(validate(batch, Rules.from_settings(settings)), settings, 0,
+                      checkpoint=settings.checkpoint(silver.QUERY_NAME),
+                      quarantined_at=F.lit(planned_at))
     # ... then Spark replays batch 0, and once more for good measure.
-    silver.process(spark, batch, APP, 0, settings=settings)
-    silver.process(spark, batch, APP, 0, settings=settings)
-    assert len(quarantine_rows(spark, settings)) == 1
+    silver.process(spark, batch, APP, 0, settings=settings, batch_time=planned_at)
+    silver.process(spark, batch, APP, 0, settings=settings, batch_time=planned_at)
+    assert [row.quarantined_at for row in quarantine_rows(spark, settings)] == [planned_at]
     assert len(silver_rows(spark, settings)) == 1
+    # The next batch, with a record rejected again, is another batch: quarantined again.
+    silver.process(spark, batch, APP, 1, settings=settings,
+                   batch_time=planned_at + timedelta(seconds=20))
+    assert len(quarantine_rows(spark, settings)) == 2
+
+
+def test_only_a_run_s_first_batch_looks_for_an_earlier_attempt(tmp_path, monkeypatch
+                                                               ) -> None:
+    """Spark plans a batch again only when a query starts: later batches of a run append
+    without looking (no table state to rebuild), and so does none after a failure."""
+    from delta.exceptions import ConcurrentAppendException
+
+    from spark_jobs import delta_writes
+    from spark_jobs.delta_writes import exactly_once_batches, may_be_replay
+
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text('{"id":"q-1"}\n')
+    asked: list[tuple[int, bool]] = []
+
+    def process(session, batch, app_id, batch_id) -> None:
+        asked.append((batch_id, may_be_replay(str(checkpoint), batch_id)))
+        if asked == [(4, True), (5, False), (6, False), (7, False)]:
+            raise RuntimeError("the batch fails after its append")
+        if asked[-1] == (9, False):
+            raise ConcurrentAppendException("a conflict after a first commit: retried")
+
+    class Batch:
+        sparkSession = None
+
+    monkeypatch.setattr(delta_writes.time, "sleep", lambda seconds: None)  # the retry's pause
+    run = exactly_once_batches(str(checkpoint), process)
+    for batch_id in (4, 5, 6):
+        run(Batch(), batch_id)
+    with pytest.raises(RuntimeError):
+        run(Batch(), 7)
+    another_run = exactly_once_batches(str(checkpoint), process)
+    another_run(Batch(), 7)
+    another_run(Batch(), 8)
+    another_run(Batch(), 9)
+    assert asked == [(4, True), (5, False), (6, False), (7, False), (7, True), (8, False),
+                     (9, False), (9, True)]
 
 
 def test_only_a_batch_with_rejected_records_writes_a_quarantine_commit(spark, settings
@@ -84,11 +131,13 @@ def test_a_replay_under_changed_rules_keeps_its_first_attempt_s_verdict(spark, s
     prepare(spark, settings)
     # Two hours ahead of its ingestion: within the default 24-hour future tolerance.
     batch = bronze_frame(spark, [view("ahead", when="2026-11-22T14:00:00Z")])
-    silver.process(spark, batch, APP, 0, settings=settings)  # inserted, nothing rejected
+    planned_at = datetime(2026, 11, 22, 12, 0, 5)
+    silver.process(spark, batch, APP, 0, settings=settings, batch_time=planned_at)
+    # Inserted, nothing rejected.
     # The driver dies before its checkpoint records batch 0, and restarts with a one-hour
     # tolerance: the replay rejects the event that its first attempt inserted.
     stricter = settings.replace(future_tolerance="1 hour")
-    silver.process(spark, batch, APP, 0, settings=stricter)
+    silver.process(spark, batch, APP, 0, settings=stricter, batch_time=planned_at)
     assert [row.event_id for row in silver_rows(spark, settings)] == ["ahead"]
     assert quarantine_rows(spark, settings) == []  # not placed twice
 

@@ -28,6 +28,7 @@ from pyspark.sql.types import (
 
 from spark_jobs import checkpoints
 from spark_jobs.config import ConfigError, Settings
+from spark_jobs.delta_writes import append_once, start_exactly_once
 from spark_jobs.landing import whole_files
 from spark_jobs.tables import TableSpec, ensure_table
 
@@ -264,11 +265,21 @@ def explain_failure(text: str) -> str | None:
             f"without it (README: Kafka, lost offsets)")
 
 
+def append(spark: SparkSession, records: DataFrame, app_id: str, batch_id: int, *,
+           settings: Settings) -> None:
+    """A micro-batch of deliveries into bronze, once: its rows' ``ingested_at`` is the
+    batch's own time, which tells a replay whether its batch was committed."""
+    append_once(records, TABLE.path(settings), settings.checkpoint(QUERY_NAME), batch_id,
+                stamp_column="ingested_at", key_column="bronze_id")
+
+
 def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
           ) -> StreamingQuery:
     """The landing zone or the Kafka topic to bronze. The source's checkpoint (files read,
-    or offsets) and Delta's idempotent sink make each delivery land exactly once, whenever
-    the driver dies."""
+    or offsets) and :func:`append` make each delivery land exactly once, whenever the
+    driver dies. (Not Delta's streaming sink: it checks the query's last write against the
+    table's whole state before every batch, rebuilt for each new version: 0.2 s against
+    0.9 s an append to a table of 3,000 files.)"""
     if settings.source == "kafka":
         topic_id = followed_topic(settings)  # the topic checked before anything is read
         records = records_from_kafka(kafka_messages(spark, settings), topic_id)
@@ -278,10 +289,4 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
                                                settings.max_files_per_trigger))
     records = records.observe(RECORDS_METRIC, F.count(F.lit(1)).alias("rows"))
     ensure_table(spark, settings, TABLE)  # once the source is there
-    return (records.writeStream
-            .queryName(QUERY_NAME)
-            .format("delta")
-            .outputMode("append")
-            .option("checkpointLocation", settings.checkpoint(QUERY_NAME))
-            .trigger(**trigger)
-            .start(TABLE.path(settings)))
+    return start_exactly_once(records, settings, QUERY_NAME, append, trigger)

@@ -86,14 +86,15 @@ def campaign_at(events: DataFrame, mapping: DataFrame, unknown: str = "unknown")
     return matched.select("e.*", F.coalesce("m.campaign_id", F.lit(unknown)).alias("campaign_id"))
 
 
-def process(spark: SparkSession, files: DataFrame, app_id: str,
+def process(spark: SparkSession, lines: DataFrame, app_id: str,
             version: int, *, settings: Settings) -> None:
-    parsed = parse_mappings(lines_from_files(files).withColumn("source", F.lit(SOURCE))
+    parsed = parse_mappings(lines.withColumn("source", F.lit(SOURCE))
                             .withColumn("bronze_id", F.concat_ws(
                                 ":", F.lit("campaign"), "source_file", "source_line"))
                             ).persist()
     try:
-        quarantine.append(parsed, settings, app_id, version)
+        quarantine.append(parsed, settings, version, checkpoint=settings.checkpoint(QUERY_NAME),
+                          quarantined_at=F.col("ingested_at"))
         new_rows = parsed.where(F.col("reason").isNull())
         current = spark.read.format("delta").load(TABLE.path(settings))
         inputs = ["ad_id", "campaign_id", "valid_from", "source_file", "ingested_at"]
@@ -109,5 +110,7 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
           ) -> StreamingQuery:
     for table in (TABLE, quarantine.TABLE):
         ensure_table(spark, settings, table)
-    new_files = whole_files(spark, settings.landing_campaigns, "*.jsonl")
-    return start_exactly_once(new_files, settings, QUERY_NAME, process, trigger)
+    # Split into lines within the streaming query, so that each line's ``ingested_at`` is
+    # the batch's own time, the same in a replay (the quarantine's stamp).
+    new_lines = lines_from_files(whole_files(spark, settings.landing_campaigns, "*.jsonl"))
+    return start_exactly_once(new_lines, settings, QUERY_NAME, process, trigger)

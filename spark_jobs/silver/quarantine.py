@@ -15,11 +15,11 @@ from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
-from spark_jobs.delta_writes import idempotent_append_options
+from spark_jobs.delta_writes import append_once, may_be_replay
 from spark_jobs.tables import TableSpec
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 SCHEMA = StructType([
     *bronze.SCHEMA.fields,
@@ -31,26 +31,29 @@ SCHEMA = StructType([
 TABLE = TableSpec.declared("silver.quarantine", SCHEMA)
 
 
-def rejected(validated: DataFrame) -> DataFrame:
-    """The validated records that broke a rule, as quarantine rows."""
+def rejected(validated: DataFrame, quarantined_at: Column | None = None) -> DataFrame:
+    """The validated records that broke a rule, as quarantine rows (quarantined now, unless
+    ``quarantined_at`` says when)."""
+    at = F.current_timestamp() if quarantined_at is None else quarantined_at
     return validated.where(F.col("reason").isNotNull()).select(
-        *bronze.SCHEMA.fieldNames(), "reason", "detail",
-        F.current_timestamp().alias("quarantined_at"))
+        *bronze.SCHEMA.fieldNames(), "reason", "detail", at.alias("quarantined_at"))
 
 
-def append(validated: DataFrame, settings: Settings, app_id: str, version: int, *,
-           decided_before: Callable[[], bool] = lambda: False) -> None:
-    """Quarantine the rejected records of a micro-batch, at most once per batch.
+def append(validated: DataFrame, settings: Settings, batch_id: int, *, checkpoint: str,
+           quarantined_at: Column, decided_before: Callable[[], bool] = lambda: False
+           ) -> None:
+    """Quarantine the rejected records of micro-batch ``batch_id`` of the query
+    checkpointed at ``checkpoint``, at most once: ``quarantined_at`` is the batch's own time
+    (see :func:`~spark_jobs.delta_writes.append_once`).
 
     A batch with none writes no commit: a commit that adds nothing costs a micro-batch
-    about a second, and most batches of a clean feed reject nothing. So a replay's append
-    can no longer rely on finding its batch's commit; ``decided_before``, asked only when
-    there is something to append, says whether an earlier attempt at this batch got past
-    this step, whose verdict then stands (rules changed across the restart must not put a
-    record in quarantine that the attempt before placed elsewhere)."""
-    rows = rejected(validated)
-    if rows.isEmpty() or decided_before():
+    about a second, and most batches of a clean feed reject nothing. So a replay cannot
+    rely on finding its batch's commit; ``decided_before``, asked only when the batch may be
+    a replay and there is something to append, says whether an earlier attempt at this
+    batch got past this step, whose verdict then stands (rules changed across the restart
+    must not put a record in quarantine that the attempt before placed elsewhere)."""
+    rows = rejected(validated, quarantined_at)
+    if rows.isEmpty() or (may_be_replay(checkpoint, batch_id) and decided_before()):
         return
-    (rows.write.format("delta").mode("append")
-        .options(**idempotent_append_options(app_id, version))
-        .save(TABLE.path(settings)))
+    append_once(rows, TABLE.path(settings), checkpoint, batch_id,
+                stamp_column="quarantined_at", key_column="bronze_id")
