@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -77,9 +78,10 @@ def _writable_root(settings: Settings) -> Settings:
     root = settings.root
     try:
         root.mkdir(parents=True, exist_ok=True)
-        probe = root / ".write-probe"
-        probe.write_text("")
-        probe.unlink()
+        # A probe of its own: commands started together (a stream and a reprocess beside
+        # it) each removed the other's shared one, and one of them refused the root.
+        with tempfile.TemporaryFile(dir=root, prefix=".write-probe-"):
+            pass
     except OSError as error:
         raise UsageError(f"root {root} is not writable: {error.strerror or error}") from None
     return settings

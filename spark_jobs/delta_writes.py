@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.sql import functions as F
 
+from spark_jobs import delta_reader
 from spark_jobs.faults import crash_point
 
 if TYPE_CHECKING:
@@ -57,39 +58,96 @@ def may_be_replay(checkpoint: str, batch_id: int) -> bool:
     return _completed_in_run.get(checkpoint) != batch_id - 1
 
 
-def append_once(rows: DataFrame, path: str, checkpoint: str, batch_id: int, *,
-                stamp_column: str, key_column: str) -> bool:
-    """Append micro-batch ``batch_id``'s ``rows``, whose ``stamp_column`` holds the batch's
-    own time, unless an earlier run committed them already; whether it appended.
+# A commit's own clock and the batch's planning time come from one driver; this much slack
+# covers a clock stepped back between the two.
+CLOCK_SLACK_MS = 10 * 60 * 1000
 
-    The time is ``current_timestamp()`` within the streaming query, which Spark fixes when
-    it plans the batch and keeps in its offset log, so a replay carries it again. An append
-    commits all of a batch's rows or none, so any one of them (its ``key_column``, unique
-    to the row's record, with the stamp: another query's batch may share the millisecond)
-    proves the batch's commit. Looked for only where a replay is possible
-    (:func:`may_be_replay`): once a run, where Delta's transaction check rebuilds the
-    table's state for every batch.
+
+def append_once(rows: DataFrame, path: str, checkpoint: str, batch_id: int, *, app_id: str,
+                stamp_column: str, key_column: str) -> bool:
+    """Append micro-batch ``batch_id``'s ``rows`` of query ``app_id``, unless an earlier run
+    committed them already; whether it appended.
+
+    The commit names the batch in its user metadata. Only where a replay is possible
+    (:func:`may_be_replay`: once a run, where Delta's transaction check rebuilds the
+    table's state for every batch) are the table's commits since the batch was planned read
+    back for that name, or for the transaction identifier of a write made before this way
+    of writing. Should the log no longer reach back to the batch's planning (a driver down
+    for longer than the table keeps its log), the rows themselves answer: ``stamp_column``
+    holds the batch's own time (``current_timestamp()`` in the streaming query, fixed when
+    Spark plans the batch and the same in a replay), and any of the batch's
+    ``key_column`` values found with it proves the commit.
     """
-    if not may_be_replay(checkpoint, batch_id):
-        rows.write.format("delta").mode("append").save(path)
-        return True
-    rows = rows.persist()  # computed once for the look and the append (metrics count once)
-    try:
-        first = rows.select(F.unix_micros(stamp_column).alias("stamp"), key_column).first()
-        if first is None:
-            return False
-        # Literals, so files are skipped by their statistics.
-        committed = rows.sparkSession.read.format("delta").load(path).where(
-            (F.col(stamp_column) == F.timestamp_micros(F.lit(first.stamp)))
-            & (F.col(key_column) == F.lit(first[key_column])))
-        if not committed.isEmpty():
+    if may_be_replay(checkpoint, batch_id):
+        planned_ms = _planned_ms(rows, stamp_column, checkpoint, batch_id)
+        last = last_batch_committed(path, app_id, since_ms=planned_ms - CLOCK_SLACK_MS)
+        committed = (last >= batch_id if last is not None
+                     else _rows_committed(rows, path, stamp_column, key_column, planned_ms))
+        if committed:
             log.info("batch %d of %s was committed to %s by an earlier run: not again",
                      batch_id, Path(checkpoint).name, path)
             return False
-        rows.write.format("delta").mode("append").save(path)
-        return True
-    finally:
-        rows.unpersist()
+    (rows.write.format("delta").mode("append")
+        .option("userMetadata", json.dumps({BATCH_MARKER: [app_id, batch_id]}))
+        .save(path))
+    return True
+
+
+# The key of a commit's user metadata naming the (query id, batch id) it appended.
+BATCH_MARKER = "appended_batch"
+
+
+def last_batch_committed(path: str, app_id: str, since_ms: int) -> int | None:
+    """The last batch of query ``app_id`` committed to the table since ``since_ms`` (epoch
+    milliseconds of the commit), named by :func:`append_once` or by a Delta transaction
+    identifier; -1 for none; None when the table's log no longer reaches back that far."""
+    if not delta_reader.is_delta_table(path):
+        return -1
+    for version in range(delta_reader.latest_version(path), -1, -1):
+        try:
+            actions = delta_reader.commit_actions(path, version)
+        except FileNotFoundError:  # removed by the log's clean-up
+            return None
+        for action in actions:
+            if action.get("txn", {}).get("appId") == app_id:
+                return int(action["txn"]["version"])
+        info = next((action["commitInfo"] for action in actions if "commitInfo" in action), {})
+        named = _named_batch(info.get("userMetadata"))
+        if named is not None and named[0] == app_id:
+            return int(named[1])
+        if info.get("timestamp", since_ms) < since_ms:
+            return -1
+    return -1
+
+
+def _named_batch(user_metadata: str | None) -> list[Any] | None:
+    """The [query id, batch id] a commit's user metadata names, if it is :func:`append_once`'s
+    (other writers keep other things there: gold's watermark, free text)."""
+    try:
+        named = json.loads(user_metadata or "null")
+    except ValueError:
+        return None
+    return named.get(BATCH_MARKER) if isinstance(named, dict) else None
+
+
+def _planned_ms(rows: DataFrame, stamp_column: str, checkpoint: str, batch_id: int) -> int:
+    """The time Spark gave batch ``batch_id`` when it planned it, kept in its offset log; for
+    a batch run outside a stream (tests, benches), the time its rows are stamped with."""
+    offsets = Path(checkpoint) / "offsets" / str(batch_id)
+    if offsets.exists():
+        return int(json.loads(offsets.read_text("utf-8").splitlines()[1])["batchTimestampMs"])
+    stamped = rows.select(F.unix_millis(F.min(stamp_column)).alias("ms")).first()
+    return int(stamped.ms) if stamped.ms is not None else 0
+
+
+def _rows_committed(rows: DataFrame, path: str, stamp_column: str, key_column: str,
+                    planned_ms: int) -> bool:
+    """Whether the table holds any of ``rows``' keys stamped with the batch's time."""
+    log.warning("the log of %s no longer reaches back to a batch planned at %d ms: looking "
+                "for its rows instead", path, planned_ms)
+    stamped = rows.sparkSession.read.format("delta").load(path).where(
+        F.col(stamp_column) == F.timestamp_millis(F.lit(planned_ms)))  # files skipped
+    return not stamped.join(rows.select(key_column), key_column, "left_semi").isEmpty()
 
 
 def query_id(checkpoint: str) -> str:

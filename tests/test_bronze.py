@@ -78,8 +78,8 @@ def test_stream_lands_plain_gzip_bom_and_invalid_utf8_exactly_once(spark, settin
 def test_a_batch_replayed_after_its_commit_lands_once_and_keeps_its_time(spark, tmp_path
                                                                          ) -> None:
     """Killed after bronze's append committed but before Spark recorded the batch done, the
-    driver replays the batch on its next start: its rows are found by the batch's time (the
-    same in the replay, from the offset log) and not appended again."""
+    driver replays the batch on its next start: the commit naming the batch is found in the
+    table's log and the batch is not appended again. Its rows carry the batch's own time."""
     import json
 
     settings = make_settings(tmp_path / "lake", max_files_per_trigger=1)
@@ -106,9 +106,13 @@ def test_a_batch_replayed_after_its_commit_lands_once_and_keeps_its_time(spark, 
     assert sorted(row.raw for row in bronze_rows(spark, settings)) == everything
     assert delta_reader.latest_version(path) == version  # not appended again
 
-    # Killed before the append committed (its rows gone), the replay appends them.
+    # Killed before the append committed (its data files written, the log entry not), the
+    # replay appends the batch.
     forget_batch_1()
-    spark.sql(f"DELETE FROM delta.`{path}` WHERE ingested_at = timestamp_millis({planned[1]})")
+    for name in (f"{version:020d}.json", f"{version:020d}.crc"):
+        for written in (name, f".{name}.crc"):  # and the local file system's checksum
+            (Path(path) / "_delta_log" / written).unlink(missing_ok=True)
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # as a new driver finds it
     assert len(bronze_rows(spark, settings)) < 3
     streaming.run_available_now(spark, settings, ["bronze"])
     assert sorted(row.raw for row in bronze_rows(spark, settings)) == everything

@@ -56,6 +56,20 @@ def test_an_unwritable_root_is_refused(tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_commands_started_together_both_find_the_root_writable(tmp_path: Path) -> None:
+    """The chaos battery caught a stream refusing its root ("not writable: No such file or
+    directory") as a reprocess started beside it: each removed the other's probe file."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spark_jobs.cli import _writable_root
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path / "lake")
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: _writable_root(settings), range(400)))
+    assert list(settings.root.iterdir()) == []  # no probe left behind
+
+
 def test_generate_writes_the_landing_zone_and_expected_counts(tmp_path: Path) -> None:
     result = run_cli("generate", "--root", str(tmp_path), "--events", "1200", "--seed", "3")
     assert result.returncode == 0, result.stderr

@@ -61,7 +61,7 @@ def test_a_replayed_batch_is_not_applied_twice(spark, settings) -> None:
     batch = bronze_frame(spark, [view("e-1"), "not json"])
     planned_at = datetime(2026, 11, 22, 12, 0, 5)  # a replay comes with its batch's time
     # A crash after the quarantine append but before the MERGE committed:
-    quarantine.append(validate(batch, Rules.from_settings(settings)), settings, 0,
+    quarantine.append(validate(batch, Rules.from_settings(settings)), settings, APP, 0,
                       checkpoint=settings.checkpoint(silver.QUERY_NAME),
                       quarantined_at=F.lit(planned_at))
     # ... then Spark replays batch 0, and once more for good measure.

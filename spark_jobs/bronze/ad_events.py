@@ -267,10 +267,10 @@ def explain_failure(text: str) -> str | None:
 
 def append(spark: SparkSession, records: DataFrame, app_id: str, batch_id: int, *,
            settings: Settings) -> None:
-    """A micro-batch of deliveries into bronze, once: its rows' ``ingested_at`` is the
-    batch's own time, which tells a replay whether its batch was committed."""
+    """A micro-batch of deliveries into bronze, once (``delta_writes.append_once``; the
+    rows' ``ingested_at`` is the batch's own time)."""
     append_once(records, TABLE.path(settings), settings.checkpoint(QUERY_NAME), batch_id,
-                stamp_column="ingested_at", key_column="bronze_id")
+                app_id=app_id, stamp_column="ingested_at", key_column="bronze_id")
 
 
 def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]

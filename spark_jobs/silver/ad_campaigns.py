@@ -93,7 +93,8 @@ def process(spark: SparkSession, lines: DataFrame, app_id: str,
                                 ":", F.lit("campaign"), "source_file", "source_line"))
                             ).persist()
     try:
-        quarantine.append(parsed, settings, version, checkpoint=settings.checkpoint(QUERY_NAME),
+        quarantine.append(parsed, settings, app_id, version,
+                          checkpoint=settings.checkpoint(QUERY_NAME),
                           quarantined_at=F.col("ingested_at"))
         new_rows = parsed.where(F.col("reason").isNull())
         current = spark.read.format("delta").load(TABLE.path(settings))

@@ -252,7 +252,8 @@ def place(spark: SparkSession, batch: DataFrame, app_id: str, version: int, *,
     insert its new valid events."""
     rows = batch.persist()
     try:
-        quarantine.append(rows, settings, version, checkpoint=settings.checkpoint(QUERY_NAME),
+        quarantine.append(rows, settings, app_id, version,
+                          checkpoint=settings.checkpoint(QUERY_NAME),
                           quarantined_at=F.col(BATCH_TIME),
                           decided_before=lambda: _inserted_before(settings, app_id, version))
         crash_point("silver_ad_events.after_quarantine")

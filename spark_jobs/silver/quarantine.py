@@ -39,12 +39,13 @@ def rejected(validated: DataFrame, quarantined_at: Column | None = None) -> Data
         *bronze.SCHEMA.fieldNames(), "reason", "detail", at.alias("quarantined_at"))
 
 
-def append(validated: DataFrame, settings: Settings, batch_id: int, *, checkpoint: str,
-           quarantined_at: Column, decided_before: Callable[[], bool] = lambda: False
-           ) -> None:
-    """Quarantine the rejected records of micro-batch ``batch_id`` of the query
-    checkpointed at ``checkpoint``, at most once: ``quarantined_at`` is the batch's own time
-    (see :func:`~spark_jobs.delta_writes.append_once`).
+def append(validated: DataFrame, settings: Settings, app_id: str, batch_id: int, *,
+           checkpoint: str, quarantined_at: Column,
+           decided_before: Callable[[], bool] = lambda: False) -> None:
+    """Quarantine the rejected records of micro-batch ``batch_id`` of query ``app_id``
+    (checkpointed at ``checkpoint``) at most once
+    (:func:`~spark_jobs.delta_writes.append_once`); ``quarantined_at`` is the batch's own
+    time.
 
     A batch with none writes no commit: a commit that adds nothing costs a micro-batch
     about a second, and most batches of a clean feed reject nothing. So a replay cannot
@@ -55,5 +56,5 @@ def append(validated: DataFrame, settings: Settings, batch_id: int, *, checkpoin
     rows = rejected(validated, quarantined_at)
     if rows.isEmpty() or (may_be_replay(checkpoint, batch_id) and decided_before()):
         return
-    append_once(rows, TABLE.path(settings), checkpoint, batch_id,
+    append_once(rows, TABLE.path(settings), checkpoint, batch_id, app_id=app_id,
                 stamp_column="quarantined_at", key_column="bronze_id")
