@@ -113,10 +113,21 @@ def file_statistics(path: str | Path, timestamp_columns: Sequence[str]
 
 
 def latest_version(path: str | Path) -> int:
-    """The table's latest version, from the names in its log (the table is not loaded);
-    -1 before its first commit."""
-    return max((int(entry.name[:-5]) for entry in (Path(path) / "_delta_log").glob("*.json")
-                if COMMIT_NAME.fullmatch(entry.name)), default=-1)
+    """The table's latest version, found in its log without loading the table: from its
+    last checkpoint, the commits after it; -1 before its first commit."""
+    import json
+
+    log = Path(path) / "_delta_log"
+    try:
+        version = int(json.loads((log / "_last_checkpoint").read_text("utf-8"))["version"])
+    except FileNotFoundError:
+        version = -1  # no checkpoint yet: every commit since the first is still there
+    except (ValueError, KeyError):  # being rewritten: the names in the log say
+        version = max((int(entry.name[:-5]) for entry in log.glob("*.json")
+                       if COMMIT_NAME.fullmatch(entry.name)), default=-1)
+    while commit_entry(path, version + 1).exists():
+        version += 1
+    return version
 
 
 COMMIT_NAME = re.compile(r"\d{20}\.json")  # not a compacted range, not a staged commit

@@ -78,19 +78,35 @@ def append_once(rows: DataFrame, path: str, checkpoint: str, batch_id: int, *, a
     Spark plans the batch and the same in a replay), and any of the batch's
     ``key_column`` values found with it proves the commit.
     """
-    if may_be_replay(checkpoint, batch_id):
-        planned_ms = _planned_ms(rows, stamp_column, checkpoint, batch_id)
-        last = last_batch_committed(path, app_id, since_ms=planned_ms - CLOCK_SLACK_MS)
-        committed = (last >= batch_id if last is not None
-                     else _rows_committed(rows, path, stamp_column, key_column, planned_ms))
-        if committed:
-            log.info("batch %d of %s was committed to %s by an earlier run: not again",
-                     batch_id, Path(checkpoint).name, path)
-            return False
+    if not may_be_replay(checkpoint, batch_id):
+        return _append(rows, path, app_id, batch_id)
+    planned_ms = _planned_ms(rows, stamp_column, checkpoint, batch_id)
+    last = last_batch_committed(path, app_id, since_ms=planned_ms - CLOCK_SLACK_MS)
+    if last is not None:
+        return _append(rows, path, app_id, batch_id) if last < batch_id else _skipped(
+            checkpoint, batch_id, path)
+    # Read once for the look and the append: observed metrics (bronze's record count)
+    # would count a batch read twice.
+    rows = rows.persist()
+    try:
+        if _rows_committed(rows, path, stamp_column, key_column, planned_ms):
+            return _skipped(checkpoint, batch_id, path)
+        return _append(rows, path, app_id, batch_id)
+    finally:
+        rows.unpersist()
+
+
+def _append(rows: DataFrame, path: str, app_id: str, batch_id: int) -> bool:
     (rows.write.format("delta").mode("append")
         .option("userMetadata", json.dumps({BATCH_MARKER: [app_id, batch_id]}))
         .save(path))
     return True
+
+
+def _skipped(checkpoint: str, batch_id: int, path: str) -> bool:
+    log.info("batch %d of %s was committed to %s by an earlier run: not again", batch_id,
+             Path(checkpoint).name, path)
+    return False
 
 
 # The key of a commit's user metadata naming the (query id, batch id) it appended.
@@ -114,20 +130,34 @@ def last_batch_committed(path: str, app_id: str, since_ms: int) -> int | None:
         info = next((action["commitInfo"] for action in actions if "commitInfo" in action), {})
         named = _named_batch(info.get("userMetadata"))
         if named is not None and named[0] == app_id:
-            return int(named[1])
-        if info.get("timestamp", since_ms) < since_ms:
+            return named[1]
+        # When the commit landed (its entry is written aside, then renamed into place), not
+        # its commitInfo time: that is when its first attempt began, and a commit retried
+        # after conflicts lands above later ones.
+        if _landed_ms(path, version) < since_ms:
             return -1
     return -1
 
 
-def _named_batch(user_metadata: str | None) -> list[Any] | None:
-    """The [query id, batch id] a commit's user metadata names, if it is :func:`append_once`'s
-    (other writers keep other things there: gold's watermark, free text)."""
+def _landed_ms(path: str, version: int) -> int:
+    try:
+        return delta_reader.commit_entry(path, version).stat().st_mtime_ns // 1_000_000
+    except FileNotFoundError:  # cleaned up since it was read: long ago
+        return 0
+
+
+def _named_batch(user_metadata: str | None) -> tuple[str, int] | None:
+    """The (query id, batch id) a commit's user metadata names, if it is
+    :func:`append_once`'s (other writers keep other things there: gold's watermark, text)."""
     try:
         named = json.loads(user_metadata or "null")
     except ValueError:
         return None
-    return named.get(BATCH_MARKER) if isinstance(named, dict) else None
+    marker = named.get(BATCH_MARKER) if isinstance(named, dict) else None
+    if (isinstance(marker, list) and len(marker) == 2 and isinstance(marker[0], str)
+            and isinstance(marker[1], int)):
+        return marker[0], marker[1]
+    return None
 
 
 def _planned_ms(rows: DataFrame, stamp_column: str, checkpoint: str, batch_id: int) -> int:

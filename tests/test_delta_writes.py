@@ -53,3 +53,48 @@ def test_where_the_log_no_longer_reaches_back_the_rows_answer(spark, tmp_path) -
     assert not append(spark, path, rows(spark, ["b", "z"]), 0, app_id="p")
     assert append(spark, path, rows(spark, ["y"]), 0, app_id="p")  # none of them there
     assert delta_reader.count_rows(path) == 2 + 11 + 1
+
+
+def write_log(table, commits: list[dict], landed_s: list[int]) -> None:
+    """A table's log by hand: one commit a dict (its commitInfo), landed at those times."""
+    import json
+    import os
+
+    log = table / "_delta_log"
+    log.mkdir(parents=True)
+    for version, (info, landed) in enumerate(zip(commits, landed_s, strict=True)):
+        entry = log / f"{version:020d}.json"
+        entry.write_text(json.dumps({"commitInfo": info}) + "\n")
+        os.utime(entry, (landed, landed))
+
+
+def test_the_walk_stops_at_a_commit_that_landed_before_the_batch_was_planned(tmp_path
+                                                                             ) -> None:
+    table = tmp_path / "table"
+    write_log(table, [
+        {"timestamp": 1_000_000, "userMetadata": '{"appended_batch": ["q", 1]}'},
+        # Retried after conflicts: its commitInfo says when its first attempt began, long
+        # before it landed (above batch 1's commit).
+        {"timestamp": 1, "operation": "OPTIMIZE"},
+        {"timestamp": 3_000_000, "userMetadata": '{"appended_batch": "not ours"}'},
+        {"timestamp": 3_000_000, "userMetadata": "free text"},
+    ], landed_s=[1_000, 2_000, 3_000, 3_000])
+    # Planned after batch 1 landed: the walk passes the retried commit and finds batch 1.
+    assert last_batch_committed(str(table), "q", since_ms=1_500_000) == 1
+    # Planned after everything landed: nothing of "q" since, and the walk stops there.
+    assert last_batch_committed(str(table), "q", since_ms=2_500_000) == -1
+
+
+def test_the_latest_version_is_found_from_the_last_checkpoint(tmp_path) -> None:
+    table = tmp_path / "table"
+    write_log(table, [{"timestamp": 0}] * 13, landed_s=[0] * 13)
+    log = table / "_delta_log"
+    assert delta_reader.latest_version(table) == 12  # no checkpoint: counted from the first
+    (log / "_last_checkpoint").write_text('{"version": 10, "size": 3}')
+    for version in range(10):  # cleaned up below the checkpoint
+        (log / f"{version:020d}.json").unlink()
+    (log / f"{10:020d}.checkpoint.parquet").write_text("")
+    assert delta_reader.latest_version(table) == 12
+    (log / "_last_checkpoint").write_text('{"vers')  # caught being rewritten
+    assert delta_reader.latest_version(table) == 12
+    assert delta_reader.latest_version(tmp_path / "none") == -1
