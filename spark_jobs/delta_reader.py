@@ -9,6 +9,7 @@ reads exit cleanly (``tests/test_delta_reader.py`` runs both in subprocesses).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,8 +85,6 @@ def commit_entry(path: str | Path, version: int) -> Path:
 def commit_actions(path: str | Path, version: int) -> list[dict[str, Any]]:
     """The actions of the table's commit ``version``, read from its log entry alone, without
     loading the table."""
-    import json
-
     with commit_entry(path, version).open(encoding="utf-8") as entry:
         return [json.loads(line) for line in entry]
 
@@ -93,8 +92,12 @@ def commit_actions(path: str | Path, version: int) -> list[dict[str, Any]]:
 def commit_info(path: str | Path, version: int) -> dict[str, Any]:
     """The ``commitInfo`` of the table's commit ``version`` (operation, metrics, user
     metadata)."""
-    return next((action["commitInfo"] for action in commit_actions(path, version)
-                 if "commitInfo" in action), {})
+    return info_among(commit_actions(path, version))
+
+
+def info_among(actions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The ``commitInfo`` among a commit's ``actions`` (empty if it has none)."""
+    return next((action["commitInfo"] for action in actions if "commitInfo" in action), {})
 
 
 def file_statistics(path: str | Path, timestamp_columns: Sequence[str]
@@ -115,8 +118,6 @@ def file_statistics(path: str | Path, timestamp_columns: Sequence[str]
 def latest_version(path: str | Path) -> int:
     """The table's latest version, found in its log without loading the table: from its
     last checkpoint, the commits after it; -1 before its first commit."""
-    import json
-
     log = Path(path) / "_delta_log"
     try:
         version = int(json.loads((log / "_last_checkpoint").read_text("utf-8"))["version"])

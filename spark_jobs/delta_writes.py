@@ -117,8 +117,6 @@ def last_batch_committed(path: str, app_id: str, since_ms: int) -> int | None:
     """The last batch of query ``app_id`` committed to the table since ``since_ms`` (epoch
     milliseconds of the commit), named by :func:`append_once` or by a Delta transaction
     identifier; -1 for none; None when the table's log no longer reaches back that far."""
-    if not delta_reader.is_delta_table(path):
-        return -1
     for version in range(delta_reader.latest_version(path), -1, -1):
         try:
             actions = delta_reader.commit_actions(path, version)
@@ -127,7 +125,7 @@ def last_batch_committed(path: str, app_id: str, since_ms: int) -> int | None:
         for action in actions:
             if action.get("txn", {}).get("appId") == app_id:
                 return int(action["txn"]["version"])
-        info = next((action["commitInfo"] for action in actions if "commitInfo" in action), {})
+        info = delta_reader.info_among(actions)
         named = _named_batch(info.get("userMetadata"))
         if named is not None and named[0] == app_id:
             return named[1]
@@ -163,9 +161,8 @@ def _named_batch(user_metadata: str | None) -> tuple[str, int] | None:
 def _planned_ms(rows: DataFrame, stamp_column: str, checkpoint: str, batch_id: int) -> int:
     """The time Spark gave batch ``batch_id`` when it planned it, kept in its offset log; for
     a batch run outside a stream (tests, benches), the time its rows are stamped with."""
-    offsets = Path(checkpoint) / "offsets" / str(batch_id)
-    if offsets.exists():
-        return int(json.loads(offsets.read_text("utf-8").splitlines()[1])["batchTimestampMs"])
+    if (Path(checkpoint) / "offsets" / str(batch_id)).exists():
+        return int(json.loads(_offset_log(checkpoint, batch_id)[1])["batchTimestampMs"])
     stamped = rows.select(F.unix_millis(F.min(stamp_column)).alias("ms")).first()
     return int(stamped.ms) if stamped.ms is not None else 0
 
@@ -194,8 +191,14 @@ def _source_offset(checkpoint: str, batch_id: int | None) -> dict[str, Any] | No
         if not commits:
             return None
         batch_id = max(commits)
-    offset = (Path(checkpoint) / "offsets" / str(batch_id)).read_text("utf-8")
-    return json.loads(offset.splitlines()[-1])
+    return json.loads(_offset_log(checkpoint, batch_id)[-1])
+
+
+def _offset_log(checkpoint: str, batch_id: int) -> list[str]:
+    """The lines of a query's offset log entry for ``batch_id``: its format's version, the
+    batch's metadata (``batchTimestampMs``, the watermark, settings), then a line per
+    source's offset."""
+    return (Path(checkpoint) / "offsets" / str(batch_id)).read_text("utf-8").splitlines()
 
 
 def read_position(checkpoint: str, batch_id: int | None = None) -> int | None:

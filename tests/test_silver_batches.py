@@ -3,7 +3,6 @@
 import json
 from datetime import datetime, timedelta
 
-import pytest
 from pyspark.sql import functions as F
 
 from spark_jobs.audit import account
@@ -73,44 +72,6 @@ def test_a_replayed_batch_is_not_applied_twice(spark, settings) -> None:
     silver.process(spark, batch, APP, 1, settings=settings,
                    batch_time=planned_at + timedelta(seconds=20))
     assert len(quarantine_rows(spark, settings)) == 2
-
-
-def test_only_a_run_s_first_batch_looks_for_an_earlier_attempt(tmp_path, monkeypatch
-                                                               ) -> None:
-    """Spark plans a batch again only when a query starts: later batches of a run append
-    without looking (no table state to rebuild), and so does none after a failure."""
-    from delta.exceptions import ConcurrentAppendException
-
-    from spark_jobs import delta_writes
-    from spark_jobs.delta_writes import exactly_once_batches, may_be_replay
-
-    checkpoint = tmp_path / "checkpoint"
-    checkpoint.mkdir()
-    (checkpoint / "metadata").write_text('{"id":"q-1"}\n')
-    asked: list[tuple[int, bool]] = []
-
-    def process(session, batch, app_id, batch_id) -> None:
-        asked.append((batch_id, may_be_replay(str(checkpoint), batch_id)))
-        if asked == [(4, True), (5, False), (6, False), (7, False)]:
-            raise RuntimeError("the batch fails after its append")
-        if asked[-1] == (9, False):
-            raise ConcurrentAppendException("a conflict after a first commit: retried")
-
-    class Batch:
-        sparkSession = None
-
-    monkeypatch.setattr(delta_writes.time, "sleep", lambda seconds: None)  # the retry's pause
-    run = exactly_once_batches(str(checkpoint), process)
-    for batch_id in (4, 5, 6):
-        run(Batch(), batch_id)
-    with pytest.raises(RuntimeError):
-        run(Batch(), 7)
-    another_run = exactly_once_batches(str(checkpoint), process)
-    another_run(Batch(), 7)
-    another_run(Batch(), 8)
-    another_run(Batch(), 9)
-    assert asked == [(4, True), (5, False), (6, False), (7, False), (7, True), (8, False),
-                     (9, False), (9, True)]
 
 
 def test_only_a_batch_with_rejected_records_writes_a_quarantine_commit(spark, settings
