@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -158,11 +159,23 @@ def _named_batch(user_metadata: str | None) -> tuple[str, int] | None:
     return None
 
 
+def planned_time(checkpoint: str, batch_id: int) -> datetime:
+    """The time Spark gave micro-batch ``batch_id`` of the query checkpointed at
+    ``checkpoint`` when it planned it, kept in its offset log: ``current_timestamp()``
+    inside the query, the same in a replay."""
+    return datetime.fromtimestamp(0, UTC) + timedelta(
+        milliseconds=_offset_log_time_ms(checkpoint, batch_id))
+
+
+def _offset_log_time_ms(checkpoint: str, batch_id: int) -> int:
+    return int(json.loads(_offset_log(checkpoint, batch_id)[1])["batchTimestampMs"])
+
+
 def _planned_ms(rows: DataFrame, stamp_column: str, checkpoint: str, batch_id: int) -> int:
-    """The time Spark gave batch ``batch_id`` when it planned it, kept in its offset log; for
+    """The time Spark gave batch ``batch_id`` when it planned it (:func:`planned_time`); for
     a batch run outside a stream (tests, benches), the time its rows are stamped with."""
     if (Path(checkpoint) / "offsets" / str(batch_id)).exists():
-        return int(json.loads(_offset_log(checkpoint, batch_id)[1])["batchTimestampMs"])
+        return _offset_log_time_ms(checkpoint, batch_id)
     stamped = rows.select(F.unix_millis(F.min(stamp_column)).alias("ms")).first()
     return int(stamped.ms) if stamped.ms is not None else 0
 

@@ -250,3 +250,24 @@ def test_copies_spread_over_many_minutes_are_found_through_a_few_ranges(spark,
     assert scopes[False].count("BETWEEN") == silver.MAX_TIME_SLICES
     silver.process(spark, again, APP, 1, settings=settings)
     assert len(silver_rows(spark, settings)) == 120
+
+
+def test_the_stream_quarantines_at_the_time_spark_planned_the_batch(spark, settings) -> None:
+    """A replay quarantines with its first attempt's time, which the fallback of a replay
+    check looks for: the time Spark kept for the batch in its offset log, not the moment
+    the rows were written."""
+    from spark_jobs import streaming
+    from spark_jobs.delta_writes import planned_time
+
+    prepare(spark, settings)
+    checkpoint = settings.checkpoint(silver.QUERY_NAME)
+    stamps = []
+    for batch_id, raw in enumerate(("not json", "[2]")):
+        write_bronze(spark, settings, [view(f"e-{batch_id}"), raw])
+        streaming.run_available_now(spark, settings, ["silver"])  # one batch each
+        stamps.append(planned_time(checkpoint, batch_id))
+    found = sorted((row.quarantined_at, row.raw) for row in quarantine_rows(spark, settings))
+    # Collected rows hold naive local times.
+    local = [stamp.astimezone().replace(tzinfo=None) for stamp in stamps]
+    assert found == [(local[0], "not json"), (local[1], "[2]")]
+    assert stamps[0] < stamps[1]
