@@ -5,12 +5,14 @@ against a plain pipeline written with Spark's declarative pipelines) is
 ``spark_jobs.declarative_bench``; the feed part (sustained rate and latency behind a live
 feed) is ``spark_jobs.feed_bench``; the growth parts (a silver batch beside 10 million
 rows, a gold batch after 10,000 earlier ones) are ``spark_jobs.growth_bench`` and
-``spark_jobs.gold_growth_bench``. The maintenance part writes silver and gold as a stream
-with many short triggers would (one small append per micro-batch), times two selective
-queries (one ``ad_id`` over a week of silver, one campaign over one day of gold), runs
-``lakehouse maintain``'s OPTIMIZE, and times them again. A third copy is written with
-Delta's auto compaction on, to measure small files avoided at the source. Results go to
-``bench/results/bench-<time>.json`` (with the machine and versions) and a short table.
+``spark_jobs.gold_growth_bench``; the landing part (a bronze trigger beside the files the
+landing zone keeps, archived or not) is ``spark_jobs.landing_bench``. The maintenance part
+writes silver and gold as a stream with many short triggers would (one small append per
+micro-batch), times two selective queries (one ``ad_id`` over a week of silver, one campaign
+over one day of gold), runs ``lakehouse maintain``'s OPTIMIZE, and times them again. A
+third copy is written with Delta's auto compaction on, to measure small files avoided at
+the source. Results go to ``bench/results/bench-<time>.json`` (with the machine and
+versions) and a short table.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from spark_jobs import (
     feed_bench,
     gold_growth_bench,
     growth_bench,
+    landing_bench,
     pipeline_bench,
     progress,
     startup_bench,
@@ -53,7 +56,8 @@ EVENTS_PER_BATCH = 2_000
 CAMPAIGNS, DAYS = 40, 7
 REPEATS = 5
 FEED_START_SHARE, FEED_START_RATE = 0.6, 6_000
-PARTS = ("pipeline", "declarative", "feed", "growth", "gold_growth", "maintenance", "startup")
+PARTS = ("pipeline", "declarative", "feed", "growth", "gold_growth", "landing", "maintenance",
+         "startup")
 
 
 def silver_batch(spark: SparkSession, batch: int) -> DataFrame:
@@ -193,6 +197,8 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--growth-rows", type=int, default=10_000_000,
                         help="rows already in silver for the growth measurement")
+    parser.add_argument("--landing-files", type=int, default=50_000,
+                        help="files already ingested in the landing zone, for the landing part")
     parser.add_argument("--feed-rate", type=int,
                         help="events a second of the first sustained trial (default: "
                         f"{FEED_START_SHARE:.0%}% of the pipeline's backlog rate, measured "
@@ -239,6 +245,10 @@ def main() -> None:
                 steps.start("gold growth: a gold batch after 100 and after 10,000 earlier ones")
                 results["gold_growth"] = gold_growth_bench.run(
                     spark, config.load({"root": root / "gold-growth"}))
+            if "landing" in parts:
+                steps.start(f"landing: a bronze trigger after {args.landing_files:,} files")
+                results["landing"] = landing_bench.run(
+                    spark, config.load({"root": root / "landing"}), args.landing_files)
             if "maintenance" in parts:
                 steps.start("maintenance: queries before and after OPTIMIZE")
                 results["maintenance"] = run(spark, root / "maintenance")
@@ -258,6 +268,7 @@ def main() -> None:
                        ("declarative", declarative_bench.render), ("feed", feed_bench.render),
                        ("growth", growth_bench.render),
                        ("gold_growth", gold_growth_bench.render),
+                       ("landing", landing_bench.render),
                        ("maintenance", render), ("startup", startup_bench.render)):
         if part in results:
             print(show(results[part]))

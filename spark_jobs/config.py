@@ -151,6 +151,7 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     jars_dir: Annotated[Path, _folder(lambda: default_jars_dir())]
     trigger_interval: Interval
     max_files_per_trigger: Count
+    landing_cleanup: Literal["archive", "delete", "off"]
     stall_trigger_intervals: Count
     streaming_mode: Literal["continuous", "scheduled"]
     time_travel_window: Interval
@@ -177,6 +178,12 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     @property
     def landing_campaigns(self) -> Path:
         return self.root / "landing" / "campaigns"
+
+    @property
+    def landing_archive(self) -> Path:
+        """Where bronze moves the landing zone's event files it has ingested
+        (``landing_cleanup = "archive"``), each under its own path."""
+        return self.root / "landing" / "archive"
 
     @property
     def tables_dir(self) -> Path:

@@ -19,14 +19,26 @@ NO_MAXIMUM_AGE = "36500d"
 
 
 def whole_files(spark: SparkSession, folder: Path, glob: str,
-                max_files_per_trigger: int | None = None) -> DataFrame:
+                max_files_per_trigger: int | None = None, *, cleanup: str = "off",
+                archive: Path | None = None) -> DataFrame:
     """New files of ``folder`` matching ``glob``, one row each: ``value`` (the whole text)
-    and ``file_path``."""
+    and ``file_path``.
+
+    ``cleanup`` (Spark's ``cleanSource``): what becomes of a file once the batch that read
+    it is committed and the stream plans its next one: ``archive`` moves it under
+    ``archive`` (at its own path), ``delete`` removes it, ``off`` leaves it. Spark lists the
+    whole folder every trigger, so the folder must hold only what is yet to be read."""
     folder.mkdir(parents=True, exist_ok=True)
     reader = (spark.readStream.format("text")
               .option("wholetext", "true")
               .option("pathGlobFilter", glob)
-              .option("maxFileAge", NO_MAXIMUM_AGE))
+              .option("maxFileAge", NO_MAXIMUM_AGE)
+              .option("cleanSource", cleanup))
+    if cleanup == "archive":
+        if archive is None:
+            raise ValueError("an archive folder is needed to archive landed files")
+        archive.mkdir(parents=True, exist_ok=True)
+        reader = reader.option("sourceArchiveDir", str(archive))
     if max_files_per_trigger is not None:
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
     return (reader.load(str(folder))

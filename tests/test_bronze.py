@@ -141,6 +141,43 @@ def test_a_file_delivered_with_an_old_modification_time_is_still_ingested(spark,
     assert sorted(row.raw for row in bronze_rows(spark, settings)) == ['{"n":1}', '{"n":2}']
 
 
+def landed_names(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.rglob("*.jsonl"))
+
+
+def test_ingested_files_leave_the_landing_zone_and_are_not_read_again(spark, settings
+                                                                      ) -> None:
+    """Spark's file source lists the whole landing folder every trigger (50,000 files took
+    8.5 s a listing): a file bronze has committed is archived, so the folder holds only
+    what is still to be read. Spark cleans a batch's files when the stream plans its next
+    batch, so the last one's stay until then."""
+    for number, name in enumerate(("one.jsonl", "two.jsonl", "three.jsonl"), start=1):
+        land(settings, name, f'{{"n":{number}}}\n'.encode())
+        streaming.run_available_now(spark, settings, ["bronze"])
+    assert sorted(row.raw for row in bronze_rows(spark, settings)) == [
+        '{"n":1}', '{"n":2}', '{"n":3}']
+    assert landed_names(settings.landing_events) == ["three.jsonl"]
+    archived = list(settings.landing_archive.rglob("*.jsonl"))
+    assert sorted(path.name for path in archived) == ["one.jsonl", "two.jsonl"]
+    # Each under its own path, so files of the same name from other folders do not meet.
+    assert all(str(settings.landing_events).lstrip("/") in str(path) for path in archived)
+
+    # Archived files are not read again, nor is the one left for the next plan.
+    streaming.run_available_now(spark, settings, ["bronze"])
+    assert len(bronze_rows(spark, settings)) == 3
+
+
+def test_ingested_files_can_be_deleted_or_left(spark, tmp_path) -> None:
+    for cleanup, left in (("delete", ["two.jsonl"]), ("off", ["one.jsonl", "two.jsonl"])):
+        settings = make_settings(tmp_path / cleanup, landing_cleanup=cleanup)
+        for name in ("one.jsonl", "two.jsonl"):
+            land(settings, name, b'{"n":1}\n')
+            streaming.run_available_now(spark, settings, ["bronze"])
+        assert landed_names(settings.landing_events) == left
+        assert landed_names(settings.landing_archive) == []
+        assert len(bronze_rows(spark, settings)) == 2
+
+
 # -- Kafka ----------------------------------------------------------------------------------
 
 KAFKA_MESSAGES = ("key binary, value binary, topic string, partition int, offset long, "

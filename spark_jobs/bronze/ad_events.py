@@ -285,8 +285,9 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
         records = records_from_kafka(kafka_messages(spark, settings), topic_id)
     else:
         # The source counts files (each is read whole); records are counted on the way.
-        records = lines_from_files(whole_files(spark, settings.landing_events, LANDING_GLOB,
-                                               settings.max_files_per_trigger))
+        records = lines_from_files(whole_files(
+            spark, settings.landing_events, LANDING_GLOB, settings.max_files_per_trigger,
+            cleanup=settings.landing_cleanup, archive=settings.landing_archive))
     records = records.observe(RECORDS_METRIC, F.count(F.lit(1)).alias("rows"))
     ensure_table(spark, settings, TABLE)  # once the source is there
     return start_exactly_once(records, settings, QUERY_NAME, append, trigger)
