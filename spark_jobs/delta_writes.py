@@ -75,8 +75,9 @@ def append_once(rows: DataFrame, path: str, checkpoint: str, batch_id: int, *, a
     back for that name, or for the transaction identifier of a write made before this way
     of writing. Should the log no longer reach back to the batch's planning (a driver down
     for longer than the table keeps its log), the rows themselves answer: ``stamp_column``
-    holds the batch's own time (``current_timestamp()`` in the streaming query, fixed when
-    Spark plans the batch and the same in a replay), and any of the batch's
+    holds the batch's own time (the time Spark gave the batch when it planned it, kept in
+    its offset log: ``current_timestamp()`` in the streaming query, or
+    :func:`planned_time`; the same in a replay), and any of the batch's
     ``key_column`` values found with it proves the commit.
     """
     if not may_be_replay(checkpoint, batch_id):
@@ -205,6 +206,12 @@ def _source_offset(checkpoint: str, batch_id: int | None) -> dict[str, Any] | No
             return None
         batch_id = max(commits)
     return json.loads(_offset_log(checkpoint, batch_id)[-1])
+
+
+def committed_source_offset(checkpoint: str) -> dict[str, Any] | None:
+    """The offset a single-source query's last committed batch reached (as its source
+    writes it: ``{"logOffset": n}`` for files); None before any."""
+    return _source_offset(checkpoint, None)
 
 
 def _offset_log(checkpoint: str, batch_id: int) -> list[str]:

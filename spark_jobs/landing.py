@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from pyspark.sql import functions as F
 
+from spark_jobs.delta_writes import committed_source_offset
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
 
 # Spark's file source forgets files older than ``maxFileAge`` (7 days by default) behind the
 # newest file it has seen, and skips without a word any such file that lands later: a
@@ -43,3 +51,68 @@ def whole_files(spark: SparkSession, folder: Path, glob: str,
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
     return (reader.load(str(folder))
             .select("value", F.col("_metadata.file_path").alias("file_path")))
+
+
+def clean_read_files(folder: Path, checkpoint: Path, cleanup: str, archive: Path) -> int:
+    """Archive (or delete) the files of ``folder`` that the file source checkpointed at
+    ``checkpoint`` read in a committed batch but left behind; how many.
+
+    Spark cleans a batch's files when the stream plans its next batch, on a thread of its
+    own and at best effort: a driver killed in between, a lake that was ingesting before
+    files were cleaned, or a file read under a later batch than its own leave files Spark
+    never cleans, which every trigger would list again. A stream's start sweeps them, from
+    the source's own log (each file it read: path, modification time, the batch that read
+    it) up to its last committed batch's offset, so only what is committed goes. A file
+    delivered again under a name already read (another modification time) is not one of
+    them: the source will not read it (it remembers paths), and it stays, with a warning."""
+    if cleanup == "off" or not folder.is_dir():
+        return 0
+    position = committed_source_offset(str(checkpoint))
+    if position is None:
+        return 0
+    read = _read_by_source(checkpoint / "sources" / "0")  # by the source's own offsets
+    swept = 0
+    for path in folder.iterdir():
+        entry = read.get(str(path))  # the folder as the stream lists it
+        if entry is None or entry[1] > position["logOffset"]:  # not committed yet
+            continue
+        if entry[0] != path.stat().st_mtime_ns // 1_000_000:
+            log.warning("%s was delivered again under a name already read: it is not read "
+                        "again (deliver new data under a new name), and stays", path)
+            continue
+        if cleanup == "delete":
+            path.unlink(missing_ok=True)
+        else:
+            target = archive / str(path).lstrip("/")  # where Spark archives it
+            if target.exists():  # a name used again: keep both, leave this one
+                log.warning("not archiving %s: %s exists", path, target)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            path.rename(target)
+        swept += 1
+    if swept:
+        log.info("swept %d read file(s) out of %s", swept, folder)
+    return swept
+
+
+def _read_by_source(source_log: Path) -> dict[str, tuple[int, int]]:
+    """A file source's log: the local path of every file it read, with its modification time
+    (epoch ms) and the source offset that read it (the latest compaction holds every earlier
+    entry; the offsets after it, their own)."""
+    if not source_log.is_dir():
+        return {}
+    names = [entry.name for entry in source_log.iterdir() if not entry.name.startswith(".")]
+    compactions = [int(name.removesuffix(".compact")) for name in names
+                   if name.endswith(".compact")]
+    start = max(compactions, default=-1)
+    files = ([source_log / f"{start}.compact"] if start >= 0 else []) + [
+        source_log / name for name in sorted((n for n in names if n.isdigit()), key=int)
+        if int(name) > start]
+    read: dict[str, tuple[int, int]] = {}
+    for log_file in files:
+        for line in log_file.read_text("utf-8").splitlines()[1:]:  # after its version line
+            if line.strip():
+                entry = json.loads(line)
+                read[url2pathname(urlparse(entry["path"]).path)] = (
+                    int(entry["timestamp"]), int(entry["batchId"]))
+    return read

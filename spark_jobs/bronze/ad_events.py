@@ -29,7 +29,7 @@ from pyspark.sql.types import (
 from spark_jobs import checkpoints
 from spark_jobs.config import ConfigError, Settings
 from spark_jobs.delta_writes import append_once, start_exactly_once
-from spark_jobs.landing import whole_files
+from spark_jobs.landing import clean_read_files, whole_files
 from spark_jobs.tables import TableSpec, ensure_table
 
 if TYPE_CHECKING:
@@ -284,6 +284,8 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
         topic_id = followed_topic(settings)  # the topic checked before anything is read
         records = records_from_kafka(kafka_messages(spark, settings), topic_id)
     else:
+        clean_read_files(settings.landing_events, Path(settings.checkpoint(QUERY_NAME)),
+                         settings.landing_cleanup, settings.landing_archive)
         # The source counts files (each is read whole); records are counted on the way.
         records = lines_from_files(whole_files(
             spark, settings.landing_events, LANDING_GLOB, settings.max_files_per_trigger,
