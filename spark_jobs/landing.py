@@ -65,14 +65,15 @@ def clean_read_files(folder: Path, checkpoint: Path, cleanup: str, archive: Path
     it) up to its last committed batch's offset, so only what is committed goes. A file
     delivered again under a name already read (another modification time) is not one of
     them: the source will not read it (it remembers paths), and it stays, with a warning."""
-    if cleanup == "off" or not folder.is_dir():
-        return 0
+    waiting = sorted(folder.iterdir()) if folder.is_dir() else []
+    if cleanup == "off" or not waiting:
+        return 0  # the source's log, a path per file ever read, is read only when needed
     position = committed_source_offset(str(checkpoint))
     if position is None:
         return 0
     read = _read_by_source(checkpoint / "sources" / "0")  # by the source's own offsets
     swept = 0
-    for path in folder.iterdir():
+    for path in waiting:
         entry = read.get(str(path))  # the folder as the stream lists it
         if entry is None or entry[1] > position["logOffset"]:  # not committed yet
             continue
