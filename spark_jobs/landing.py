@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 from urllib.request import url2pathname
 
 from pyspark.sql import functions as F
@@ -62,58 +63,81 @@ def clean_read_files(folder: Path, checkpoint: Path, cleanup: str, archive: Path
     files were cleaned, or a file read under a later batch than its own leave files Spark
     never cleans, which every trigger would list again. A stream's start sweeps them, from
     the source's own log (each file it read: path, modification time, the batch that read
-    it) up to its last committed batch's offset, so only what is committed goes. A file
-    delivered again under a name already read (another modification time) is not one of
-    them: the source will not read it (it remembers paths), and it stays, with a warning."""
+    it), up to the batch before its last committed one: Spark itself cleans that one's
+    files when it plans the next. A file whose modification time is not the one the log
+    holds is another file under a name already read, which the source will never read
+    (it remembers paths): it stays, with a warning. Best effort too: a file that cannot be
+    moved, or a checkpoint this cannot read, is logged and the stream starts regardless."""
     waiting = sorted(folder.iterdir()) if folder.is_dir() else []
     if cleanup == "off" or not waiting:
         return 0  # the source's log, a path per file ever read, is read only when needed
-    position = committed_source_offset(str(checkpoint))
-    if position is None:
+    try:
+        position = committed_source_offset(str(checkpoint))
+        if position is None:
+            return 0
+        read = _read_by_source(checkpoint / "sources" / "0",
+                               {path.name for path in waiting}, position["logOffset"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        log.warning("not sweeping %s: its stream's checkpoint could not be read (%s)",
+                    folder, error)
         return 0
-    read = _read_by_source(checkpoint / "sources" / "0")  # by the source's own offsets
     swept = 0
     for path in waiting:
-        entry = read.get(str(path))  # the folder as the stream lists it
-        if entry is None or entry[1] > position["logOffset"]:  # not committed yet
+        modified = read.get(str(path))  # the folder as the stream lists it
+        if modified is None:  # not read, or read by the last committed batch or later
             continue
-        if entry[0] != path.stat().st_mtime_ns // 1_000_000:
-            log.warning("%s was delivered again under a name already read: it is not read "
-                        "again (deliver new data under a new name), and stays", path)
-            continue
-        if cleanup == "delete":
-            path.unlink(missing_ok=True)
-        else:
-            target = archive / str(path).lstrip("/")  # where Spark archives it
-            if target.exists():  # a name used again: keep both, leave this one
-                log.warning("not archiving %s: %s exists", path, target)
+        try:
+            if modified != path.stat().st_mtime_ns // 1_000_000:
+                log.warning("%s was delivered again under a name already read: it is not "
+                            "read again (deliver new data under a new name)", path)
                 continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            path.rename(target)
+            if cleanup == "delete":
+                path.unlink(missing_ok=True)
+            else:
+                target = archive / str(path).lstrip("/")  # where Spark archives it
+                if target.exists():  # a name used again: keep both, leave this one
+                    log.warning("not archiving %s: %s exists", path, target)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(path, target)  # a copy where the archive is another mount
+        except OSError as error:
+            log.warning("could not sweep %s: %s", path, error)
+            continue
         swept += 1
     if swept:
         log.info("swept %d read file(s) out of %s", swept, folder)
     return swept
 
 
-def _read_by_source(source_log: Path) -> dict[str, tuple[int, int]]:
-    """A file source's log: the local path of every file it read, with its modification time
-    (epoch ms) and the source offset that read it (the latest compaction holds every earlier
-    entry; the offsets after it, their own)."""
+def _read_by_source(source_log: Path, names: set[str], before_offset: int
+                    ) -> dict[str, int]:
+    """From a file source's log, the files named in ``names`` that a source offset before
+    ``before_offset`` read: local path to modification time (epoch ms). The latest
+    compaction holds every earlier entry, the offsets after it their own; lines are read
+    one at a time, and only those ending in a wanted name are decoded (a month of a file a
+    second is millions)."""
     if not source_log.is_dir():
         return {}
-    names = [entry.name for entry in source_log.iterdir() if not entry.name.startswith(".")]
-    compactions = [int(name.removesuffix(".compact")) for name in names
+    entries = [entry.name for entry in source_log.iterdir() if not entry.name.startswith(".")]
+    compactions = [int(name.removesuffix(".compact")) for name in entries
                    if name.endswith(".compact")]
     start = max(compactions, default=-1)
     files = ([source_log / f"{start}.compact"] if start >= 0 else []) + [
-        source_log / name for name in sorted((n for n in names if n.isdigit()), key=int)
-        if int(name) > start]
-    read: dict[str, tuple[int, int]] = {}
+        source_log / name for name in sorted((n for n in entries if n.isdigit()), key=int)
+        if start < int(name) < before_offset]
+    read: dict[str, int] = {}
     for log_file in files:
-        for line in log_file.read_text("utf-8").splitlines()[1:]:  # after its version line
-            if line.strip():
+        with log_file.open(encoding="utf-8") as lines:
+            next(lines, None)  # its version line
+            for line in lines:
+                # {"path":"file:///…/name","timestamp":…,"batchId":…}: the name is the path's
+                # last segment, percent-encoded.
+                end = line.find('","timestamp"')
+                if end >= 0 and unquote(line[line.rfind("/", 0, end) + 1:end]) not in names:
+                    continue
+                if not line.strip():
+                    continue
                 entry = json.loads(line)
-                read[url2pathname(urlparse(entry["path"]).path)] = (
-                    int(entry["timestamp"]), int(entry["batchId"]))
+                if int(entry["batchId"]) < before_offset:
+                    read[url2pathname(urlparse(entry["path"]).path)] = int(entry["timestamp"])
     return read

@@ -189,7 +189,8 @@ def test_a_start_sweeps_out_files_read_before_but_left_behind(spark, tmp_path) -
     archiving = kept.replace(landing_cleanup="archive")
     land(archiving, "c.jsonl", b'{"n":2}\n')
     streaming.run_available_now(spark, archiving, ["bronze"])
-    # a and b swept at the start; c read by this run, cleaned when a later batch is planned.
+    # a swept at the start; b, the last committed batch's, cleaned by Spark as it planned
+    # this run's batch; c read by this run, cleaned when a later batch is planned.
     assert landed_names(archiving.landing_events) == ["c.jsonl"]
     assert landed_names(archiving.landing_archive) == ["a.jsonl", "b.jsonl"]
     assert len(bronze_rows(spark, archiving)) == 3
@@ -204,10 +205,38 @@ def test_a_name_delivered_again_is_neither_read_nor_swept(spark, tmp_path) -> No
     time.sleep(0.01)  # another modification time, as a real second delivery has
     land(settings, "a.jsonl", b'{"n":"new data under an old name"}\n')
     streaming.run_available_now(spark, settings, ["bronze"])
-    # The source remembers a.jsonl: not read again; the start swept b (read and committed)
-    # but not the new a, which an operator can still find and deliver under a new name.
-    assert landed_names(settings.landing_events) == ["a.jsonl"]
+    # The source remembers a.jsonl: not read again, nor swept (its modification time is not
+    # the one read), so an operator can still find it and deliver it under a new name. b is
+    # the last committed batch's, which Spark cleans when it plans the next batch.
+    assert landed_names(settings.landing_events) == ["a.jsonl", "b.jsonl"]
     assert len(bronze_rows(spark, settings)) == 2
+
+
+def test_the_sweep_reads_the_source_log_from_its_last_compaction(tmp_path) -> None:
+    """The file source's log as Spark writes it: a compaction every tenth offset holding
+    every entry before it, then an entry file per offset, paths as percent-encoded URIs."""
+    from spark_jobs.landing import _read_by_source
+
+    log = tmp_path / "sources" / "0"
+    log.mkdir(parents=True)
+
+    def entry(name: str, batch: int) -> str:
+        return (f'{{"path":"file:///lake/landing/events/{name}","timestamp":{1000 + batch},'
+                f'"batchId":{batch}}}\n')
+
+    (log / "8").write_text("v1\n" + entry("stale.jsonl", 8))  # before the compaction
+    (log / "9.compact").write_text("v1\n" + entry("a%20b.jsonl", 3) + entry("c.jsonl", 9))
+    (log / "10").write_text("v1\n" + entry("d.jsonl", 10))
+    (log / "11").write_text("v1\n" + entry("e.jsonl", 11))
+    (log / ".11.crc").write_text("not a log")
+    wanted = {"a b.jsonl", "c.jsonl", "d.jsonl", "e.jsonl", "stale.jsonl"}
+    # Offsets before 11 (the last committed batch's, Spark's to clean); 8 is read from the
+    # compaction only, where it is not (the file is there only to be skipped).
+    assert _read_by_source(log, wanted, before_offset=11) == {
+        "/lake/landing/events/a b.jsonl": 1003, "/lake/landing/events/c.jsonl": 1009,
+        "/lake/landing/events/d.jsonl": 1010}
+    assert _read_by_source(log, {"c.jsonl"}, before_offset=11) == {
+        "/lake/landing/events/c.jsonl": 1009}
 
 
 # -- Kafka ----------------------------------------------------------------------------------
