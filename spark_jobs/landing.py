@@ -68,8 +68,10 @@ def clean_read_files(folder: Path, checkpoint: Path, cleanup: str, archive: Path
     holds is another file under a name already read, which the source will never read
     (it remembers paths): it stays, with a warning. Best effort too: a file that cannot be
     moved, or a checkpoint this cannot read, is logged and the stream starts regardless."""
-    waiting = sorted(folder.iterdir()) if folder.is_dir() else []
-    if cleanup == "off" or not waiting:
+    if cleanup == "off" or not folder.is_dir():
+        return 0
+    waiting = sorted(folder.iterdir())
+    if not waiting:
         return 0  # the source's log, a path per file ever read, is read only when needed
     try:
         position = committed_source_offset(str(checkpoint))
