@@ -30,6 +30,7 @@ times each stream's micro-batch over it from its progress. The first round is a 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import statistics
 import time
@@ -75,6 +76,8 @@ ROUND_TIMEOUT_SECONDS = 600
 # make run's 5 s trigger, so consecutive batches update the same one-minute windows.
 TRIGGER_SECONDS = 5
 FEED_LEAD = timedelta(minutes=10)  # the feed's event time starts this long before now
+DELTA_FILE_NAME = re.compile(
+    r"part-(\d+)-[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}[-.]c(\d+)\..*")
 
 
 def _filler(schema: StructType, moment: Column) -> list[Column]:
@@ -95,6 +98,17 @@ def _filler(schema: StructType, moment: Column) -> list[Column]:
     return [value(field.name, field.dataType).alias(field.name) for field in schema.fields]
 
 
+def _written_order(add: dict[str, Any]) -> tuple[str, int, int]:
+    """An added file's place in writing order: its partition's folder, its task, then its
+    number among the task's files there (Delta names them ``part-<task>-<uuid>-c<n>``, or
+    ``.c<n>`` in a partition's folder)."""
+    folder, _, name = add["path"].rpartition("/")
+    written = DELTA_FILE_NAME.fullmatch(name)
+    if written is None:
+        raise ValueError(f"not a file name Delta writes: {add['path']}")
+    return folder, int(written[1]), int(written[2])
+
+
 def grow(spark: SparkSession, settings: Settings, table: TableSpec, commits: int, *,
          data_change: bool, rewrites: bool, now: datetime) -> int:
     """``commits`` commits more in ``table``'s log, each adding one small data file with
@@ -112,15 +126,21 @@ def grow(spark: SparkSession, settings: Settings, table: TableSpec, commits: int
     step = HISTORY_SPAN.total_seconds() / commits
     file_number = F.floor(F.col("id") / ROWS_PER_HISTORY_FILE)
     moment = F.timestamp_seconds(F.lit(start) + file_number * F.lit(step))
-    # A range partition per file: each task writes one file of one date.
-    (spark.range(0, commits * ROWS_PER_HISTORY_FILE, numPartitions=commits)
-        .select(*_filler(table.schema, moment))
-        .write.format("delta").mode("append").save(str(scratch)))
+    # A file per ROWS_PER_HISTORY_FILE rows, in row order within each partition value
+    # (rows of one file share a date), two tasks of whole files each: a task per file
+    # took 2.3 times as long (54 s against 23 s for 2,000 files), its tasks' start.
+    order = [*table.partitioned_by, "history_row"]
+    tasks = 2 if commits % 2 == 0 else 1
+    (spark.range(0, commits * ROWS_PER_HISTORY_FILE, numPartitions=tasks)
+        .select(*_filler(table.schema, moment), F.col("id").alias("history_row"))
+        .sortWithinPartitions(*order).drop("history_row")
+        .write.format("delta").mode("append")
+        .option("maxRecordsPerFile", ROWS_PER_HISTORY_FILE).save(str(scratch)))
     adds = [action["add"] for action in delta_reader.commit_actions(scratch, 1)
             if "add" in action]
     version = delta_reader.latest_version(path)
     previous: dict[str, Any] | None = None
-    for number, add in enumerate(sorted(adds, key=lambda add: add["path"])):
+    for number, add in enumerate(sorted(adds, key=_written_order)):
         target = path / add["path"]
         target.parent.mkdir(parents=True, exist_ok=True)
         (scratch / add["path"]).rename(target)

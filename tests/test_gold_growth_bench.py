@@ -57,3 +57,24 @@ def test_each_earlier_batch_is_a_commit_of_one_file_with_delta_s_statistics(spar
     # Delta computed each file's statistics (the data skipping a MERGE relies on).
     stats = json.loads(first_add["stats"])
     assert stats["numRecords"] == ROWS_PER_HISTORY_FILE and "event_time" in stats["minValues"]
+
+
+def test_the_history_is_committed_in_time_order_a_file_a_moment(spark, settings) -> None:
+    """Files are written many to a task, so their commits must be put back in the order
+    the rows were written: one moment per file, later with each commit, across dates
+    (silver's history spans 30 days, a partition folder each)."""
+    ensure_table(spark, settings, silver.TABLE)
+    path = silver.TABLE.path(settings)
+    first = len(_history(spark, path))
+    # 40 commits over 30 days: dates with one file and dates with two.
+    last = grow(spark, settings, silver.TABLE, 40, data_change=False, rewrites=False, now=NOW)
+    moments = []
+    for version in range(first, last + 1):
+        entry = (Path(path) / "_delta_log" / f"{version:020d}.json").read_text()
+        stats = json.loads(next(json.loads(line)["add"]["stats"] for line in entry.splitlines()
+                                if line.startswith('{"add"')))
+        assert stats["numRecords"] == ROWS_PER_HISTORY_FILE
+        assert stats["minValues"]["event_time"] == stats["maxValues"]["event_time"]
+        moments.append(stats["minValues"]["event_time"])
+    # ISO times of one zone order as text; strictly later with each commit.
+    assert moments == sorted(set(moments)) and len(moments) == 40

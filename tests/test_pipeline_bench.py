@@ -26,6 +26,8 @@ def test_make_bench_explains_itself_and_refuses_an_unknown_part() -> None:
     helped = bench("--help")
     assert helped.returncode == 0, helped.stderr
     assert "% of the pipeline's backlog rate" in helped.stdout
+    # By default what issue 13 asks of every run; the comparisons by name or with all.
+    assert "default: pipeline,feed,growth,gold_growth" in " ".join(helped.stdout.split())
     refused = bench("--parts", "pipeline,speed")
     assert refused.returncode == 2 and "unknown part(s) speed" in refused.stderr
 
