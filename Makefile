@@ -11,11 +11,13 @@ LOGSTORE  := .cache/jars/lakehouse-logstore.jar
 BROWSER   := .cache/.chromium
 POSTGRES  := .cache/.postgresql
 COMPOSE   := .cache/.docker-compose
+S3SERVER  := .cache/s3-server/.complete
 ROOT      ?= data
 
 .PHONY: setup test lint run run-once bench chaos clean
 
-setup: $(INSTALLED) $(JARS) $(LOGSTORE) $(BROKER) $(CLASSES) $(BROWSER) $(POSTGRES) $(COMPOSE)
+setup: $(INSTALLED) $(JARS) $(LOGSTORE) $(BROKER) $(CLASSES) $(BROWSER) $(POSTGRES) $(COMPOSE) \
+	$(S3SERVER)
 
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +38,13 @@ $(LOGSTORE): $(JARS) $(wildcard jars/logstore/src/lakehouse/*.java)
 # Spark jars' refresh above empties the cache, and this follows it.
 $(BROKER): jars/kafka-broker/pom.xml $(JARS)
 	scripts/fetch-jars.sh jars/kafka-broker/pom.xml .cache/jars/kafka-broker
+
+# The S3-compatible server of `lakehouse services start s3` (moto's, from PyPI), in a
+# virtual environment of its own: boto's botocore needs python-dateutil 2, Airflow pins 4.
+$(S3SERVER): scripts/s3-server-requirements.txt
+	rm -rf $(dir $@) && $(PYTHON) -m venv $(dir $@)
+	$(dir $@)bin/pip install --quiet --requirement scripts/s3-server-requirements.txt
+	touch $@
 
 # The Spark driver's class-data archive (spark_jobs/class_archive.py): a cold Spark command
 # takes about a fifth less time. Built again whenever the venv, the jars or the JDK change.

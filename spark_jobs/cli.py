@@ -483,10 +483,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     services = verb("services", cmd_services,
                     "start, stop or show the real services beside the lakehouse (a Kafka "
-                    "broker, a Spark standalone master and worker, PostgreSQL), on loopback, "
-                    "data and logs under <root>/services")
+                    "broker, a Spark standalone master and worker, PostgreSQL, an S3-compatible "
+                    "server), on loopback, data and logs under <root>/services")
     services.add_argument("action", choices=("start", "stop", "status"))
-    services.add_argument("names", nargs="+", metavar="NAME", help="kafka, spark, postgres")
+    services.add_argument("names", nargs="+", metavar="NAME", help="kafka, spark, postgres, s3")
 
     stream = verb("stream", cmd_stream, "run the streaming layers")
     stream.add_argument("--layers", help="comma-separated layers, or all (default)")

@@ -115,6 +115,17 @@ def _folder(default: Callable[[], Path]) -> BeforeValidator:
                            if str(value) else default())
 
 
+def _endpoint(text: str, info: ValidationInfo) -> str:
+    """An object store's address: empty (AWS's own), or an http(s) URL with a host."""
+    text = text.strip()
+    if text:
+        address = urllib.parse.urlsplit(text)
+        if address.scheme not in ("http", "https") or not address.hostname:
+            raise ConfigError(f"{info.field_name}: {text!r} is not an http:// or https:// "
+                              f"URL with a host")
+    return text
+
+
 def _items(value: Any) -> Any:
     """A TOML list, or comma-separated text from the environment."""
     items = value.split(",") if isinstance(value, str) else value
@@ -141,6 +152,7 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     kafka_max_offsets_per_trigger: Count
     kafka_fail_on_data_loss: Flag
     postgres_port: Count
+    s3_endpoint: Annotated[str, AfterValidator(_endpoint)]
     airflow_database: Literal["sqlite", "postgres"]
     spark_master: str
     spark_driver_host: str

@@ -7,7 +7,10 @@
 - ``spark``: Spark's own standalone master and one worker with this machine's cores, from
   the installed PySpark, at ``spark://127.0.0.1:7077``;
 - ``postgres``: Debian's PostgreSQL, a database cluster of its own for Airflow at
-  ``postgres_port``, password authentication only.
+  ``postgres_port``, password authentication only;
+- ``s3``: an S3-compatible server (moto's, from PyPI) at ``s3_endpoint`` (a loopback
+  ``http://`` URL), for object-store roots on one machine and their tests; it honours
+  conditional writes as S3 does, and keeps its objects in memory until it stops.
 
 Each listens on loopback only, keeps its data and logs under ``<root>/services/<name>/``;
 ``start`` leaves a running service alone and returns once it answers (or fails with the
@@ -27,6 +30,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -657,6 +661,39 @@ def _describe_postgres(settings: Settings) -> str:
             f"{POSTGRES_DATABASE} (password in {password_file(settings)})")
 
 
+# -- s3 ------------------------------------------------------------------------------------
+
+def s3_server(settings: Settings) -> Path:
+    """moto's server, installed by ``make setup`` in an environment of its own beside the
+    jar cache (boto's botocore and Airflow pin different python-dateutil majors)."""
+    return settings.jars_dir.parent / "s3-server" / "bin" / "moto_server"
+
+
+def _s3_port(settings: Settings) -> int:
+    address = urllib.parse.urlsplit(settings.s3_endpoint)
+    if address.scheme != "http" or address.hostname not in LOOPBACK_NAMES:
+        raise ConfigError(
+            f"s3: the local S3 server answers at s3_endpoint, which must be an http:// URL on "
+            f"loopback (for example http://{LOOPBACK}:9000), not "
+            f"{settings.s3_endpoint or 'empty (AWS)'}")
+    return address.port or 80
+
+
+def _s3_daemons(settings: Settings) -> list[Daemon]:
+    port = _s3_port(settings)
+    server = s3_server(settings)
+    if not server.exists():
+        raise ServiceError(f"s3: moto's server is not installed at {server}: run 'make "
+                           f"setup' in the checkout")
+    return [Daemon("moto", settings.services_dir / "s3",
+                   (str(server), "--host", LOOPBACK, "--port", str(port)), port)]
+
+
+def _describe_s3(settings: Settings) -> str:
+    return (f"S3 API at {settings.s3_endpoint} (moto: buckets and objects live in memory "
+            f"until it stops)")
+
+
 SERVICES: dict[str, Service] = {
     service.name: service for service in (
         Service("kafka", _kafka_daemons, _prepare_kafka, _kafka_topic_ready, _describe_kafka),
@@ -664,6 +701,8 @@ SERVICES: dict[str, Service] = {
                 _describe_spark),
         Service("postgres", _postgres_daemons, _prepare_postgres, _postgres_database,
                 _describe_postgres),
+        Service("s3", _s3_daemons, lambda _settings, _folder: None, lambda _settings: None,
+                _describe_s3),
     )}
 
 

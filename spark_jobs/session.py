@@ -57,8 +57,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # Python on the executors (a UDF, a stateful function) runs this interpreter, with
         # the project's packages, rather than the first python3 on the PATH.
         "spark.pyspark.python": executor_python(settings),
-    } | _log_store(jars) | _java_options(settings) | _driver_address(settings) | _shipped_code(
-        settings)
+    } | _log_store(jars) | _object_store(settings) | _java_options(settings) | _driver_address(
+        settings) | _shipped_code(settings)
 
 
 def _master_on_loopback(settings: Settings) -> bool:
@@ -78,10 +78,31 @@ def _log_store(jars: list[Path]) -> dict[str, str]:
     streaming table gains a commit every few seconds and Delta keeps 30 days of them; Hadoop's
     own listing of the log's folder, which Delta makes on every snapshot update and commit,
     took 0.11-0.18 s at 10,000 entries, where this one reads the names and looks up only the
-    newest (``gold_growth`` part of ``make bench``)."""
+    newest (``gold_growth`` part of ``make bench``).
+
+    On S3 (s3a://), the project's store commits with a conditional PUT, so that several
+    drivers (a stream, a reprocess) may commit to one table: Delta's own S3 store is safe
+    for one driver only."""
     if not any(jar.name == LOG_STORE_JAR for jar in jars):
         return {}
-    return {"spark.delta.logStore.file.impl": "lakehouse.FolderListingLogStore"}
+    return {"spark.delta.logStore.file.impl": "lakehouse.FolderListingLogStore",
+            "spark.delta.logStore.s3a.impl": "lakehouse.ConditionalPutS3LogStore"}
+
+
+def _object_store(settings: Settings) -> dict[str, str]:
+    """Hadoop's S3A connector for an S3-compatible store at ``s3_endpoint`` (none for AWS's
+    own, which the SDK finds with the region). Credentials are never settings: S3A takes
+    them from the AWS SDK's chain (environment, profile, instance role)."""
+    if not settings.s3_endpoint:
+        return {}
+    return {"spark.hadoop.fs.s3a.endpoint": settings.s3_endpoint,
+            # Such stores serve buckets under the host's path, not as host names.
+            "spark.hadoop.fs.s3a.path.style.access": "true",
+            # Their region whatever they are asked (MinIO's and moto's default); without
+            # one S3A would look for the region as it does for AWS.
+            "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
+            "spark.hadoop.fs.s3a.connection.ssl.enabled":
+                str(settings.s3_endpoint.startswith("https:")).lower()}
 
 
 def executor_python(settings: Settings) -> str:

@@ -25,7 +25,7 @@ def test_status_of_services_never_started_is_one_line_each(tmp_path) -> None:
 def test_unknown_services_and_a_remote_broker_are_refused_by_name(tmp_path) -> None:
     unknown = run_lakehouse("services", "start", "zookeeper", "--root", str(tmp_path))
     assert unknown.returncode == 2
-    assert "unknown service zookeeper: choose from kafka, spark, postgres" in unknown.stderr
+    assert "unknown service zookeeper: choose from kafka, spark, postgres, s3" in unknown.stderr
     # The services command runs a broker here, on loopback; it does not pretend to start
     # one on another machine.
     remote = run_lakehouse("services", "start", "kafka", "--root", str(tmp_path),

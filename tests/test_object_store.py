@@ -1,0 +1,151 @@
+"""Delta tables on an object store (s3a://), against the S3-compatible server the project
+starts (`lakehouse services start s3`, moto's): commits go through the project's log store,
+one conditional PUT each, so that S3 itself refuses a second writer of a version."""
+
+import re
+import socket
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from py4j.protocol import Py4JJavaError
+
+from spark_jobs.config import LOOPBACK, ConfigError
+from spark_jobs.session import spark_conf
+from tests.conftest import make_settings
+from tests.processes import run_lakehouse
+
+pytestmark = pytest.mark.integration
+
+BUCKET = "lakehouse"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The project's S3 server on a free loopback port with one bucket, and the test
+    session's Spark pointed at it as the settings would point a driver: its endpoint keys
+    from ``spark_conf``, credentials as the AWS SDK's chain would find them."""
+    root = tmp_path_factory.mktemp("s3-service")
+    endpoint = f"http://{LOOPBACK}:{_free_port()}"
+    env = {"LAKEHOUSE_S3_ENDPOINT": endpoint}
+    started = run_lakehouse("services", "start", "s3", "--root", str(root), env=env)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.startswith(f"s3: started, S3 API at {endpoint}"), started.stdout
+    # The server takes any credentials; a bucket is created as S3 creates one (a PUT).
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT"),
+                           timeout=30).close()
+    hadoop = spark._jsc.hadoopConfiguration()
+    conf = spark_conf(make_settings(root, s3_endpoint=endpoint))
+    for key, value in conf.items():
+        if key.startswith("spark.hadoop.fs.s3a."):
+            hadoop.set(key.removeprefix("spark.hadoop."), value)
+    hadoop.set("fs.s3a.access.key", "lakehouse-test")
+    hadoop.set("fs.s3a.secret.key", "lakehouse-test")
+    yield endpoint, root
+    stopped = run_lakehouse("services", "stop", "s3", "--root", str(root), env=env)
+    assert stopped.returncode == 0 and stopped.stdout.strip() == "s3: stopped", stopped
+
+
+def test_the_s3_settings_are_checked_and_only_an_endpoint_adds_s3a_keys(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="s3_endpoint: 'ftp://store' is not an http"):
+        make_settings(tmp_path, s3_endpoint="ftp://store")
+    assert not any("s3a" in key for key in spark_conf(make_settings(tmp_path))
+                   if key.startswith("spark.hadoop."))
+    conf = spark_conf(make_settings(tmp_path, s3_endpoint="https://store.example:9443"))
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "https://store.example:9443"
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "true"
+    # No credential is ever a setting: S3A takes them from the AWS SDK's chain.
+    assert not any("key" in key.lower() for key in conf if "s3a" in key)
+    # The local server needs a loopback http:// endpoint, and says so.
+    refused = run_lakehouse("services", "start", "s3", "--root", str(tmp_path),
+                            env={"LAKEHOUSE_S3_ENDPOINT": "https://store.example:9443"})
+    assert refused.returncode != 0
+    assert "must be an http:// URL on loopback" in refused.stderr
+
+
+def test_a_delta_table_on_s3_commits_through_the_conditional_put_log_store(spark, s3) -> None:
+    path = f"s3a://{BUCKET}/tables/appended"
+    spark.range(5).write.format("delta").save(path)
+    spark.range(5, 8).write.format("delta").mode("append").save(path)
+    # Both commits are there and read back: 5 rows, then 3 more.
+    assert spark.read.format("delta").load(path).count() == 8
+    jvm = spark._jvm
+    store = (jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+             .store().getDelegate(jvm.org.apache.hadoop.fs.Path(path)))
+    assert store.logStoreImpl().getClass().getName() == "lakehouse.ConditionalPutS3LogStore"
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+    assert sorted(row.version for row in history) == [0, 1]
+
+
+def test_s3_refuses_a_second_writer_of_a_version_and_keeps_the_first(spark, s3) -> None:
+    endpoint, root = s3
+    jvm = spark._jvm
+    hadoop = spark._jsc.hadoopConfiguration()
+    store = jvm.lakehouse.ConditionalPutS3LogStore(hadoop)
+    version = jvm.org.apache.hadoop.fs.Path(
+        f"s3a://{BUCKET}/tables/raced/_delta_log/{0:020d}.json")
+
+    def lines(*texts: str):
+        actions = jvm.java.util.ArrayList()
+        for text in texts:
+            actions.add(text)
+        return actions.iterator()
+
+    store.write(version, lines('{"first":1}'), False, hadoop)
+    with pytest.raises(Py4JJavaError, match="java.nio.file.FileAlreadyExistsException"):
+        store.write(version, lines('{"second":2}'), False, hadoop)
+    read = store.read(version, hadoop)
+    assert [read.next() for _ in range(1)] == ['{"first":1}'] and not read.hasNext()
+    # The store made no check of its own before the PUT: S3 refused it (412, Precondition
+    # Failed), as it would a writer in another driver. The server's log has both PUTs.
+    key = f"/{BUCKET}/tables/raced/_delta_log/{0:020d}.json"
+    log = re.sub(r"\x1b\[[0-9;]*m", "", (root / "services" / "s3" / "moto.log").read_text())
+    requests = [re.search(r'"(\w+) (\S+) HTTP/[\d.]+" (\d+)', line) for line in log.splitlines()]
+    answers = [(found[1], found[3]) for found in requests if found and found[2] == key]
+    # Two PUTs and nothing before them (the reads after are the check above).
+    assert answers[:2] == [("PUT", "200"), ("PUT", "412")], log[-3000:]
+
+
+def test_drivers_appending_at_once_lose_no_commit(spark, s3) -> None:
+    """Two writers append to one table at the same time: each version is won by one of
+    them, the loser retries at the next, and every append is in the table."""
+    endpoint, root = s3
+    path = f"s3a://{BUCKET}/tables/concurrent"
+    spark.range(0).write.format("delta").save(path)
+    failures: list[BaseException] = []
+    together = threading.Barrier(2, timeout=300)
+    rounds = 4
+
+    def append(writer: int) -> None:
+        try:
+            for batch in range(rounds):
+                together.wait()  # both read the same version, then race for the next
+                first = writer * 1_000 + batch * 10
+                spark.range(first, first + 10).write.format("delta").mode("append").save(path)
+        except BaseException as error:  # reported below, not lost in the thread
+            together.abort()
+            failures.append(error)
+
+    writers = [threading.Thread(target=append, args=(number,)) for number in (1, 2)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=600)
+    assert not failures, failures
+    # 2 writers x 4 appends x 10 distinct ids; one commit per append after the creation.
+    table = spark.read.format("delta").load(path)
+    assert table.count() == table.distinct().count() == 80
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == 1 + 2 * rounds
+    # And they did race: S3 refused the slower writer of a version at least once.
+    log = (root / "services" / "s3" / "moto.log").read_text()
+    assert re.search(r"PUT /lakehouse/tables/concurrent/_delta_log/\d{20}\.json HTTP/1\.1"
+                     r"\S*\" 412", log), "no version was contested"
