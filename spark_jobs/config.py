@@ -29,6 +29,8 @@ from pydantic import (
     ValidationInfo,
 )
 
+from spark_jobs import storage
+
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
@@ -247,7 +249,10 @@ def load(overrides: Mapping[str, Any] | None = None,
     values |= {key: value for key in Settings.model_fields
                if (value := environ.get(f"LAKEHOUSE_{key.upper()}")) is not None}
     values |= {key: value for key, value in (overrides or {}).items() if value is not None}
-    return _checked(lambda: Settings(**values))
+    settings = _checked(lambda: Settings(**values))
+    # The object store the project's own files go to, for this process (``storage``).
+    storage.configure(settings.s3_endpoint)
+    return settings
 
 
 def _toml(text: str, source: str) -> dict[str, Any]:

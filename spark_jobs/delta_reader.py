@@ -5,6 +5,9 @@ Reads go through delta-rs's own query engine (``QueryBuilder``, DataFusion in Ru
 short-lived process that used it dies with SIGABRT ("terminate called without an active
 exception") at interpreter exit in about a third of runs on 2 cores. The query engine's
 reads exit cleanly (``tests/test_delta_reader.py`` runs both in subprocesses).
+
+A table may be on local disk or on the object store (``s3a://``): its log is read through
+``storage.lake_path``, the table through delta-rs given the store (``tests/test_object_store.py``).
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs.storage import delta_rs_options, lake_path
+
 if TYPE_CHECKING:  # PyArrow is imported on first read: plugin loading stays light
     import pyarrow as pa
 
 
 def is_delta_table(path: str | Path) -> bool:
-    return (Path(path) / "_delta_log").is_dir()
+    return (lake_path(path) / "_delta_log").is_dir()
 
 
 def read_arrow(path: str | Path, columns: Sequence[str] | None = None) -> pa.Table:
@@ -37,9 +42,9 @@ def count_rows(path: str | Path) -> int:
 def read_arrow_sql(path: str | Path, query: str) -> pa.Table:
     """``query`` over the table's current snapshot, registered as ``snapshot``."""
     import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
+    from deltalake import QueryBuilder
 
-    reader = QueryBuilder().register("snapshot", DeltaTable(str(path))).execute(query)
+    reader = QueryBuilder().register("snapshot", _table(path)).execute(query)
     return pa.table(reader.read_all())
 
 
@@ -53,17 +58,13 @@ def read_rows(path: str | Path, columns: Sequence[str] | None = None) -> list[di
 def applied_batch(path: str | Path, app_id: str) -> tuple[int, int | None]:
     """The table's latest version, and the last batch of ``app_id`` (a streaming query's
     id) applied up to it: the transaction version its idempotent writes recorded."""
-    from deltalake import DeltaTable
-
-    table = DeltaTable(str(path))
+    table = _table(path)
     return table.version(), table.transaction_version(app_id)
 
 
 def transaction_versions(path: str | Path, app_ids: Sequence[str]) -> list[int | None]:
     """The last transaction version each of ``app_ids`` recorded in the table's log."""
-    from deltalake import DeltaTable
-
-    table = DeltaTable(str(path))
+    table = _table(path)
     return [table.transaction_version(app_id) for app_id in app_ids]
 
 
@@ -71,15 +72,14 @@ def user_metadata(path: str | Path, version: int | None = None,
                   limit: int | None = None) -> list[str | None]:
     """The user metadata of the table's commits, newest first: those up to ``version``
     (default: the latest), the newest ``limit`` of them (default: every one in the log)."""
-    from deltalake import DeltaTable
-
-    table = DeltaTable(str(path), version=version)
+    table = _table(path, version)
     return [commit.get("userMetadata") for commit in table.history(limit)]
 
 
 def commit_entry(path: str | Path, version: int) -> Path:
-    """The log entry (a local file) of the table's commit ``version``."""
-    return Path(path) / "_delta_log" / f"{version:020d}.json"
+    """The log entry (a file, local or on the object store) of the table's commit
+    ``version``."""
+    return lake_path(path) / "_delta_log" / f"{version:020d}.json"
 
 
 def commit_actions(path: str | Path, version: int) -> list[dict[str, Any]]:
@@ -106,9 +106,8 @@ def file_statistics(path: str | Path, timestamp_columns: Sequence[str]
     row count (``num_records``) and each timestamp column's ``min.<column>`` and
     ``max.<column>`` in microseconds since the epoch (None where a file has none)."""
     import pyarrow as pa
-    from deltalake import DeltaTable
 
-    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True))
+    actions = pa.table(_table(path).get_add_actions(flatten=True))
     columns = {"num_records": actions.column("num_records").to_pylist()}
     for name in (f"{bound}.{column}" for column in timestamp_columns for bound in ("min", "max")):
         columns[name] = actions.column(name).cast(pa.int64()).to_pylist()
@@ -118,7 +117,7 @@ def file_statistics(path: str | Path, timestamp_columns: Sequence[str]
 def latest_version(path: str | Path) -> int:
     """The table's latest version, found in its log without loading the table: from its
     last checkpoint, the commits after it; -1 before its first commit."""
-    log = Path(path) / "_delta_log"
+    log = lake_path(path) / "_delta_log"
     try:
         version = int(json.loads((log / "_last_checkpoint").read_text("utf-8"))["version"])
     except FileNotFoundError:
@@ -132,6 +131,13 @@ def latest_version(path: str | Path) -> int:
 
 
 COMMIT_NAME = re.compile(r"\d{20}\.json")  # not a compacted range, not a staged commit
+
+
+def _table(path: str | Path, version: int | None = None) -> Any:
+    """delta-rs's view of the table (at ``version``, default the latest), on its store."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(path), version=version, storage_options=delta_rs_options() or None)
 
 
 def _quoted(identifier: str) -> str:

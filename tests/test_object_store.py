@@ -2,6 +2,7 @@
 starts (`lakehouse services start s3`, moto's): commits go through the project's log store,
 one conditional PUT each, so that S3 itself refuses a second writer of a version."""
 
+import os
 import re
 import socket
 import threading
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from py4j.protocol import Py4JJavaError
 
+from spark_jobs import delta_reader, storage
 from spark_jobs.config import LOOPBACK, ConfigError
 from spark_jobs.session import spark_conf
 from tests.conftest import make_settings
@@ -49,7 +51,17 @@ def s3(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, P
             hadoop.set(key.removeprefix("spark.hadoop."), value)
     hadoop.set("fs.s3a.access.key", "lakehouse-test")
     hadoop.set("fs.s3a.secret.key", "lakehouse-test")
+    # This process's own readers (PyArrow, delta-rs) find them where the AWS SDK looks.
+    credentials = {"AWS_ACCESS_KEY_ID": "lakehouse-test",
+                   "AWS_SECRET_ACCESS_KEY": "lakehouse-test"}
+    before = {name: os.environ.get(name) for name in credentials}
+    os.environ.update(credentials)
     yield endpoint, root
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     stopped = run_lakehouse("services", "stop", "s3", "--root", str(root), env=env)
     assert stopped.returncode == 0 and stopped.stdout.strip() == "s3: stopped", stopped
 
@@ -149,3 +161,33 @@ def test_drivers_appending_at_once_lose_no_commit(spark, s3) -> None:
     log = (root / "services" / "s3" / "moto.log").read_text()
     assert re.search(r"PUT /lakehouse/tables/concurrent/_delta_log/\d{20}\.json HTTP/1\.1"
                      r"\S*\" 412", log), "no version was contested"
+
+
+def test_the_project_s_own_files_and_readers_work_on_the_store(spark, s3, tmp_path) -> None:
+    """What the project reads and writes without Spark (Delta's log, delta-rs reads,
+    plain files) takes an s3a:// location as it takes a local one."""
+    endpoint, _ = s3
+    make_settings(tmp_path, s3_endpoint=endpoint)  # loading the settings names the store
+    # A local location stays pathlib's own.
+    assert type(storage.lake_path(str(tmp_path / "here"))) is type(tmp_path)
+    # Files: written, listed, moved, read and removed on the store.
+    folder = storage.lake_path(f"s3a://{BUCKET}/files/landing")
+    (folder / "a.jsonl").write_text('{"event_id": "a"}\n', encoding="utf-8")
+    assert [entry.name for entry in folder.iterdir()] == ["a.jsonl"]
+    (folder / "a.jsonl").rename(storage.lake_path(f"s3a://{BUCKET}/files/archive/a.jsonl"))
+    assert not (folder / "a.jsonl").exists()
+    moved = storage.lake_path(f"s3a://{BUCKET}/files/archive/a.jsonl")
+    assert moved.read_text(encoding="utf-8") == '{"event_id": "a"}\n'
+    moved.unlink()
+    assert not moved.exists()
+
+    # A Delta table Spark wrote there, read back without Spark: 3 rows, then 2 more.
+    path = f"s3a://{BUCKET}/tables/read_back"
+    spark.range(3).write.format("delta").save(path)
+    spark.range(3, 5).write.format("delta").mode("append").save(path)
+    assert delta_reader.is_delta_table(path)
+    assert not delta_reader.is_delta_table(f"s3a://{BUCKET}/tables/none")
+    assert delta_reader.latest_version(path) == 1
+    assert sorted(row["id"] for row in delta_reader.read_rows(path)) == [0, 1, 2, 3, 4]
+    assert delta_reader.count_rows(path) == 5
+    assert delta_reader.commit_info(path, 1)["operation"] == "WRITE"
