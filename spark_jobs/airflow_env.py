@@ -19,7 +19,8 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.orm import sessionmaker
 
-from spark_jobs.config import Settings, bundled
+from spark_jobs import storage
+from spark_jobs.config import ConfigError, Settings, bundled
 
 # SQLite, the embedded default, has one writer at a time, and Python's driver gives up after
 # 5 s of waiting for the lock ("database is locked"). Beside the scheduler on a busy machine
@@ -65,6 +66,9 @@ def environment(settings: Settings, base: Mapping[str, str] | None = None) -> di
     # another database (a user's own home may have PostgreSQL in its airflow.cfg).
     own_home = "AIRFLOW_HOME" not in env
     embedded = own_home and not named
+    if own_home and storage.is_object_store(settings.root):
+        raise ConfigError(f"Airflow keeps its home on this machine, not under {settings.root}: "
+                          f"set AIRFLOW_HOME to a local folder")
     env.setdefault("AIRFLOW_HOME", str(settings.root / "airflow"))
     if own_home:
         from spark_jobs.services import LOGIN_SECRET_VARIABLE, login_secret

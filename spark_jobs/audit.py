@@ -22,6 +22,7 @@ from spark_jobs.ops import late_data, stream_progress
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
+from spark_jobs.storage import lake_path
 from spark_jobs.tables import TableSpec, local_rows
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ def _in_flight(spark: SparkSession, settings: Settings) -> dict[str, object]:
     from delta.tables import DeltaTable
 
     path = bronze.TABLE.path(settings)
-    if not (Path(path) / "_delta_log").exists():
+    if not (lake_path(path) / "_delta_log").exists():
         return {}
     latest = DeltaTable.forPath(spark, path).history(1).first().version
     read_up_to = read_position(settings.checkpoint(silver.QUERY_NAME))

@@ -20,11 +20,12 @@ record adopts the values of its first start after it.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from types import ModuleType
 
+from spark_jobs import storage
 from spark_jobs.config import ConfigError, Settings, interval_seconds
+from spark_jobs.storage import lake_path
 
 RECORD = "lakehouse-state-settings.json"
 
@@ -60,7 +61,7 @@ def check_compatible(settings: Settings, layer: str, stream: ModuleType) -> None
     current = state_settings(settings, stream)
     if not current:
         return
-    checkpoint = Path(settings.checkpoint(stream.QUERY_NAME))
+    checkpoint = lake_path(settings.checkpoint(stream.QUERY_NAME))
     recorded = read_record(checkpoint, RECORD)
     if recorded:
         changed = [f"{name} = {recorded[name]!r} (now {value!r})"
@@ -88,7 +89,7 @@ def write_record(checkpoint: Path, name: str, values: dict[str, str]) -> None:
     checkpoint.mkdir(parents=True, exist_ok=True)
     staged = (checkpoint / name).with_suffix(".tmp")
     staged.write_text(json.dumps(values, indent=2) + "\n", "utf-8")
-    os.replace(staged, checkpoint / name)
+    storage.replace(staged, checkpoint / name)
 
 
 INCOMPATIBLE_HINT = "The stream's logic changed in a way its state cannot follow: "

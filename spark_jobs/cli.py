@@ -11,13 +11,12 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import config, progress
+from spark_jobs import config, progress, storage
 from spark_jobs.config import ConfigError, Settings, interval_seconds, parse_choices
 from spark_jobs.demo import DEMO_TRIGGER
 from spark_jobs.services import ServiceError
@@ -77,11 +76,7 @@ def utc_datetime(text: str) -> datetime:
 def _writable_root(settings: Settings) -> Settings:
     root = settings.root
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        # A probe of its own: commands started together (a stream and a reprocess beside
-        # it) each removed the other's shared one, and one of them refused the root.
-        with tempfile.TemporaryFile(dir=root, prefix=".write-probe-"):
-            pass
+        storage.probe_writable(root)
     except OSError as error:
         raise UsageError(f"root {root} is not writable: {error.strerror or error}") from None
     return settings
@@ -210,7 +205,8 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
 
     expected_file = None
     if args.expected is not None:
-        expected_file = Path(args.expected) if args.expected else settings.expected_counts_file
+        expected_file = (storage.lake_path(args.expected) if args.expected
+                         else settings.expected_counts_file)
         if not expected_file.resolve().is_relative_to(settings.root.resolve()):
             raise UsageError(f"--expected {args.expected} is outside the root {settings.root}: "
                              "name a file inside it")

@@ -34,6 +34,8 @@ from spark_jobs import storage
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
+    from spark_jobs.storage import LakePath
+
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 # The folders the project ships beside its code, and the package each is installed as
 # (pyproject.toml maps them into the wheel).
@@ -146,7 +148,9 @@ Flag = Annotated[bool, BeforeValidator(lambda value: value.strip() if isinstance
 # Strict as the hand-written loader was: no unknown keys, exact key names, a number is text
 # where text is expected; immutable (hashable, and no job changes what another reads).
 class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=True):
-    root: Annotated[Path, BeforeValidator(lambda value: _local_root(value))]
+    # Before the root, which needs it when it is on the object store.
+    s3_endpoint: Annotated[str, AfterValidator(_endpoint)]
+    root: Annotated[Any, BeforeValidator(lambda value, info: _root(value, info))]
     source: Literal["files", "kafka"]
     kafka_bootstrap_servers: str
     kafka_topic: str
@@ -154,7 +158,6 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     kafka_max_offsets_per_trigger: Count
     kafka_fail_on_data_loss: Flag
     postgres_port: Count
-    s3_endpoint: Annotated[str, AfterValidator(_endpoint)]
     airflow_database: Literal["sqlite", "postgres"]
     spark_master: str
     spark_driver_host: str
@@ -220,6 +223,10 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
 
     @property
     def services_dir(self) -> Path:
+        """The services' data and logs: on this machine, under a local root."""
+        if storage.is_object_store(self.root):
+            raise ConfigError(f"the services keep their data on this machine, not under "
+                              f"{self.root}: run lakehouse services with a local --root")
         return self.root / "services"
 
     @property
@@ -294,23 +301,33 @@ def _reason(error: ErrorDetails) -> str:
     return f"{key} {reason}, not {error['input']!r}"
 
 
-def _local_root(value: object) -> Path:
-    """The root as a local folder: a path, or a ``file:`` URI of this machine. An object-store
-    URI is refused by name: taken as a path, ``s3a://bucket/lake`` became
-    ``<cwd>/s3a:/bucket/lake``, silently; so is an empty or missing one, which became the
-    working folder or a folder named "None"."""
+def _root(value: object, info: ValidationInfo) -> LakePath:
+    """The root: a local folder (a path, or a ``file:`` URI of this machine), or a folder
+    of a bucket on the object store (``s3a://bucket/folder``, kept as the URI: taken as a
+    path it became ``<cwd>/s3a:/bucket/folder``, silently). An empty or missing one is
+    refused (it became the working folder, or a folder named "None")."""
     text = "" if value is None else str(value)
     if not text.strip():
         raise ConfigError("root is empty: name the lakehouse's folder (--root, "
                           "LAKEHOUSE_ROOT or root in the configuration file)")
+    if storage.is_object_store(text):
+        if not urllib.parse.urlsplit(text).netloc:
+            raise ConfigError(f"root {text}: name the bucket (s3a://bucket/folder)")
+        return storage.lake_path(text.rstrip("/"), endpoint=info.data.get("s3_endpoint", ""))
+    return _local_root(text)
+
+
+def _local_root(text: str) -> Path:
     scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):/", text)  # two letters: not C:/
     if not scheme:
         return Path(text).expanduser().resolve()
     uri = urllib.parse.urlparse(text)
+    if uri.scheme.lower() == storage.OBJECT_STORE_SCHEME:
+        raise ConfigError(f"root {text}: write it as {storage.OBJECT_STORE_SCHEME}://bucket/"
+                          f"folder")
     if uri.scheme.lower() != "file":
-        raise ConfigError(f"root {text}: a {uri.scheme}:// root is not supported yet; the "
-                          "landing zone, checkpoint leases and heartbeats need a local folder "
-                          "(or a file:// URI)")
+        raise ConfigError(f"root {text}: a {uri.scheme}:// root is not supported: a local "
+                          f"folder, a file:// URI or an {storage.OBJECT_STORE_SCHEME}:// URI")
     if uri.netloc not in ("", "localhost"):
         raise ConfigError(f"root {text}: a file:// root on another machine ({uri.netloc}) "
                           "is not a local folder")

@@ -21,13 +21,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.sql import functions as F
 
 from spark_jobs import delta_reader
 from spark_jobs.faults import crash_point
+from spark_jobs.storage import lake_path
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -107,7 +107,7 @@ def _append(rows: DataFrame, path: str, app_id: str, batch_id: int) -> bool:
 
 def _skipped(checkpoint: str, batch_id: int, path: str) -> bool:
     log.info("batch %d of %s was committed to %s by an earlier run: not again", batch_id,
-             Path(checkpoint).name, path)
+             lake_path(checkpoint).name, path)
     return False
 
 
@@ -175,7 +175,7 @@ def _offset_log_time_ms(checkpoint: str, batch_id: int) -> int:
 def _planned_ms(rows: DataFrame, stamp_column: str, checkpoint: str, batch_id: int) -> int:
     """The time Spark gave batch ``batch_id`` when it planned it (:func:`planned_time`); for
     a batch run outside a stream (tests, benches), the time its rows are stamped with."""
-    if (Path(checkpoint) / "offsets" / str(batch_id)).exists():
+    if (lake_path(checkpoint) / "offsets" / str(batch_id)).exists():
         return _offset_log_time_ms(checkpoint, batch_id)
     stamped = rows.select(F.unix_millis(F.min(stamp_column)).alias("ms")).first()
     return int(stamped.ms) if stamped.ms is not None else 0
@@ -193,7 +193,7 @@ def _rows_committed(rows: DataFrame, path: str, stamp_column: str, key_column: s
 
 def query_id(checkpoint: str) -> str:
     """The id Spark gave the query the first time it ran on this checkpoint."""
-    metadata = Path(checkpoint) / "metadata"
+    metadata = lake_path(checkpoint) / "metadata"
     return json.loads(metadata.read_text("utf-8").splitlines()[0])["id"]
 
 
@@ -201,7 +201,7 @@ def _source_offset(checkpoint: str, batch_id: int | None) -> dict[str, Any] | No
     """The Delta source offset a query reached with batch ``batch_id`` (default: its last
     committed batch); None if it has committed none."""
     if batch_id is None:
-        commits = [int(p.name) for p in (Path(checkpoint) / "commits").glob("[0-9]*")]
+        commits = [int(p.name) for p in (lake_path(checkpoint) / "commits").glob("[0-9]*")]
         if not commits:
             return None
         batch_id = max(commits)
@@ -218,7 +218,7 @@ def _offset_log(checkpoint: str, batch_id: int) -> list[str]:
     """The lines of a query's offset log entry for ``batch_id``: its format's version, the
     batch's metadata (``batchTimestampMs``, the watermark, settings), then a line per
     source's offset."""
-    return (Path(checkpoint) / "offsets" / str(batch_id)).read_text("utf-8").splitlines()
+    return (lake_path(checkpoint) / "offsets" / str(batch_id)).read_text("utf-8").splitlines()
 
 
 def read_position(checkpoint: str, batch_id: int | None = None) -> int | None:
@@ -235,7 +235,7 @@ def fully_read_before(checkpoint: str) -> int | None:
     committed batches (exclusive); None when it has no checkpoint. A version it has read in
     part counts as unread, and so does everything while it still reads its starting snapshot
     (which holds the rows of all earlier versions): 0, as before its first batch."""
-    if not (Path(checkpoint) / "offsets").is_dir():
+    if not (lake_path(checkpoint) / "offsets").is_dir():
         return None
     position = _source_offset(checkpoint, None)
     if position is None or position.get("isStartingVersion"):
@@ -287,7 +287,7 @@ def exactly_once_batches(checkpoint: str, process: BatchProcessor
     """A ``foreachBatch`` function calling ``process(session, batch, app_id, batch_id)``,
     where (app_id, batch_id) is the transaction identifier for its idempotent writes."""
     app_id: list[str] = []  # read once the query has written its checkpoint metadata
-    query_name = Path(checkpoint).name
+    query_name = lake_path(checkpoint).name
     _completed_in_run.pop(checkpoint, None)  # a new run: its first batch may be a replay
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:

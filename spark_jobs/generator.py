@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
 import time
 import uuid
@@ -20,7 +19,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from spark_jobs import reasons
+from spark_jobs import reasons, storage
 from spark_jobs.expected_counts import ExpectedCounts
 from spark_jobs.progress import SILENT, Steps
 
@@ -314,7 +313,7 @@ def write_atomically(directory: Path, name: str, content: bytes) -> Path:
     hidden = directory / f".{name}.tmp"
     hidden.write_bytes(content)
     final = directory / name
-    os.replace(hidden, final)
+    storage.replace(hidden, final)
     return final
 
 

@@ -12,6 +12,7 @@ from urllib.request import url2pathname
 
 from pyspark.sql import functions as F
 
+from spark_jobs import storage
 from spark_jobs.delta_writes import committed_source_offset
 
 if TYPE_CHECKING:
@@ -68,7 +69,9 @@ def clean_read_files(folder: Path, checkpoint: Path, cleanup: str, archive: Path
     holds is another file under a name already read, which the source will never read
     (it remembers paths): it stays, with a warning. Best effort too: a file that cannot be
     moved, or a checkpoint this cannot read, is logged and the stream starts regardless."""
-    if cleanup == "off" or not folder.is_dir():
+    if cleanup == "off" or storage.is_object_store(folder) or not folder.is_dir():
+        # On an object store Spark's own cleaner archives what the batches read; sweeping
+        # up after it there is not built (object-store roots are new: issue 18).
         return 0
     waiting = sorted(folder.iterdir())
     if not waiting:

@@ -23,21 +23,20 @@ remembered by path, not kept for a second reading.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
-from spark_jobs import checkpoints, registry, streaming
+from spark_jobs import checkpoints, registry, storage, streaming
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import ConfigError, Settings
 from spark_jobs.datasets import TABLES as DATASETS
 from spark_jobs.ops import gold_rebuilds
 from spark_jobs.ops.leases import REPROCESS, leases
 from spark_jobs.silver import ad_events as silver
+from spark_jobs.storage import lake_path
 from spark_jobs.tables import TableSpec, ensure_table
 
 if TYPE_CHECKING:
@@ -124,7 +123,7 @@ def _forget(spark: SparkSession, settings: Settings, layer: str) -> None:
     # into the checkpoint after it was deleted, where the new query would find it.
     spark.sparkContext._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
     for query_name in registry.query_names(layer):
-        shutil.rmtree(Path(settings.checkpoint(query_name)), ignore_errors=True)
+        storage.remove_tree(lake_path(settings.checkpoint(query_name)))
     for spec in TABLES[layer]:
         ensure_table(spark, settings, spec)
         DeltaTable.forPath(spark, spec.path(settings)).delete()

@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 import urllib.parse
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from upath import UPath
+
+    LakePath = Path | UPath  # a location on local disk or on the object store
 
 OBJECT_STORE_SCHEME = "s3a"
 # Regions S3-compatible stores answer to whatever they are asked (MinIO's and moto's).
@@ -45,14 +50,15 @@ def is_object_store(location: str | os.PathLike[str]) -> bool:
     return found is not None and found[1].lower() == OBJECT_STORE_SCHEME
 
 
-def lake_path(location: str | os.PathLike[str]) -> Path | UPath:
-    """``location`` as a path: local (pathlib), or on the object store (``s3a://``)."""
+def lake_path(location: str | os.PathLike[str], *, endpoint: str | None = None) -> LakePath:
+    """``location`` as a path: local (pathlib), or on the object store (``s3a://``) at
+    ``endpoint`` (default: the one configured)."""
     if isinstance(location, Path) or not is_object_store(location):
         return Path(location)
     from upath import UPath
 
     _register()
-    return UPath(str(location), endpoint=_endpoint)
+    return UPath(str(location), endpoint=_endpoint if endpoint is None else endpoint)
 
 
 def delta_rs_options() -> dict[str, str]:
@@ -104,3 +110,34 @@ def _register() -> None:
 
     fsspec.register_implementation(OBJECT_STORE_SCHEME, S3AFileSystem, clobber=True)
     _registered = True
+
+
+def replace(staged: LakePath, final: LakePath) -> None:
+    """``staged`` becomes ``final`` whole or not at all: a rename on local disk; on the
+    object store, where an object appears whole when written, a copy and a delete."""
+    if isinstance(staged, Path):
+        os.replace(staged, final)
+    else:
+        staged.rename(final)
+
+
+def remove_tree(location: LakePath) -> None:
+    """``location`` and everything under it, if it exists."""
+    if isinstance(location, Path):
+        shutil.rmtree(location, ignore_errors=True)
+    elif location.exists():
+        location.fs.rm(location.path, recursive=True)
+
+
+def probe_writable(folder: LakePath) -> None:
+    """Raise ``OSError`` unless a file can be written under ``folder`` (a probe of this
+    process's own, removed again)."""
+    if isinstance(folder, Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        # A probe of its own: commands started together (a stream and a reprocess beside
+        # it) each removed the other's shared one, and one of them refused the root.
+        with tempfile.TemporaryFile(dir=folder, prefix=".write-probe-"):
+            return
+    probe = folder / f".write-probe-{uuid.uuid4().hex}"
+    probe.write_bytes(b"")
+    probe.unlink()

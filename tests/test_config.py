@@ -51,23 +51,32 @@ def test_config_file_named_by_environment(tmp_path: Path) -> None:
     assert settings.window_duration == "10 seconds"
 
 
-def test_a_root_is_a_local_folder_or_a_file_uri(tmp_path: Path) -> None:
+def test_a_root_is_a_local_folder_a_file_uri_or_a_bucket_s_folder(tmp_path: Path) -> None:
     assert config.load({"root": f"file://{tmp_path}/lake"}, environ={}).root == tmp_path / "lake"
     assert config.load({"root": f"file://localhost{tmp_path}/a%20lake"},
                        environ={}).root == tmp_path / "a lake"
     for elsewhere, message in (("file://nas/lake", "on another machine"),
-                               ("s3a:/bucket/lake", "a s3a:// root is not supported")):
+                               ("s3a:/bucket/lake", "write it as s3a://bucket/folder"),
+                               ("s3a://", "name the bucket"),
+                               ("gs://bucket/lake", "a gs:// root is not supported")):
         with pytest.raises(ConfigError, match=message):
             config.load({"root": elsewhere}, environ={})
-    # Before, an object-store root became a folder named after it under the working
-    # directory, without a word.
-    with pytest.raises(ConfigError, match="a s3a:// root is not supported yet"):
-        config.load({"root": "s3a://bucket/lake"}, environ={})
+    # An object-store root stays the URI, and so does every place under it (before, it
+    # became a folder named after it under the working directory, without a word).
+    on_store = config.load({"root": "s3a://bucket/lake/"}, environ={})
+    assert str(on_store.root) == "s3a://bucket/lake"
+    assert str(on_store.landing_events) == "s3a://bucket/lake/landing/events"
+    assert on_store.checkpoint("silver_ad_events") == "s3a://bucket/lake/checkpoints/silver_ad_events"
+    assert on_store.table_path("silver/ad_events") == "s3a://bucket/lake/tables/silver/ad_events"
+    assert str(on_store.replace(window_duration="10 seconds").root) == "s3a://bucket/lake"
+    # What must stay on this machine says so.
+    with pytest.raises(ConfigError, match="run lakehouse services with a local --root"):
+        assert on_store.services_dir is None  # raises before: not a folder here
     # And from the command line, with a non-zero exit and no folder made.
     refused = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "audit", "--root",
-                              "s3a://bucket/lake"], cwd=tmp_path, capture_output=True,
+                              "gs://bucket/lake"], cwd=tmp_path, capture_output=True,
                              text=True, env=cli_env())
-    assert refused.returncode != 0 and "not supported yet" in refused.stderr
+    assert refused.returncode != 0 and "a gs:// root is not supported" in refused.stderr
     assert not list(tmp_path.iterdir())
     # An empty or missing root is refused too: it became the working folder, or a folder
     # literally named "None" for a copy with root=None.

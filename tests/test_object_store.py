@@ -2,6 +2,7 @@
 starts (`lakehouse services start s3`, moto's): commits go through the project's log store,
 one conditional PUT each, so that S3 itself refuses a second writer of a version."""
 
+import json
 import os
 import re
 import socket
@@ -191,3 +192,22 @@ def test_the_project_s_own_files_and_readers_work_on_the_store(spark, s3, tmp_pa
     assert sorted(row["id"] for row in delta_reader.read_rows(path)) == [0, 1, 2, 3, 4]
     assert delta_reader.count_rows(path) == 5
     assert delta_reader.commit_info(path, 1)["operation"] == "WRITE"
+
+
+def test_a_root_on_the_store_takes_generated_events_and_refuses_a_stream_by_name(s3) -> None:
+    """``root = s3a://...``: the generator lands its events and expected counts there; a
+    stream, which needs a lease on its checkpoints, is refused with the reason."""
+    endpoint, _ = s3
+    root = f"s3a://{BUCKET}/lake"
+    env = {"LAKEHOUSE_S3_ENDPOINT": endpoint, "AWS_ACCESS_KEY_ID": "lakehouse-test",
+           "AWS_SECRET_ACCESS_KEY": "lakehouse-test"}
+    made = run_lakehouse("generate", "--root", root, "--events", "300", "--events-per-file",
+                         "100", "--seed", "5", env=env)
+    assert made.returncode == 0, made.stderr[-3000:]
+    settings = make_settings(root, s3_endpoint=endpoint)
+    # 300 events in files of 100 (the mess adds redeliveries and blank lines, not files).
+    assert len([path for path in settings.landing_events.iterdir()]) == 3
+    assert json.loads(settings.expected_counts_file.read_text("utf-8"))["delivered"] >= 300
+    refused = run_lakehouse("stream", "--root", root, "--available-now", env=env)
+    assert refused.returncode != 0
+    assert "lease needs its checkpoints on a local folder" in refused.stderr

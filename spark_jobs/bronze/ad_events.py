@@ -8,11 +8,8 @@ offset), so every later layer can say which delivery each of its rows came from.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import shutil
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
@@ -26,10 +23,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs import checkpoints
+from spark_jobs import checkpoints, storage
 from spark_jobs.config import ConfigError, Settings
 from spark_jobs.delta_writes import append_once, start_exactly_once
 from spark_jobs.landing import clean_read_files, whole_files
+from spark_jobs.storage import lake_path
 from spark_jobs.tables import TableSpec, ensure_table
 
 if TYPE_CHECKING:
@@ -175,9 +173,10 @@ def followed_topic(settings: Settings) -> str:
     (``kafka_fail_on_data_loss`` off): then bronze's checkpoint starts over on the new topic,
     from its first message. The id is part of each message's identity in bronze.
     """
-    checkpoint = Path(settings.checkpoint(QUERY_NAME))
+    checkpoint = lake_path(settings.checkpoint(QUERY_NAME))
     for leftover in checkpoint.parent.glob(f"{checkpoint.name}.replaced-*"):
-        shutil.rmtree(leftover)  # set aside by a start over that was killed before removing it
+        # Set aside by a start over that was killed before removing it.
+        storage.remove_tree(leftover)
     current = _topic_id(settings)
     followed = checkpoints.read_record(checkpoint, KAFKA_TOPICS_RECORD)
     before = followed.get(settings.kafka_topic)
@@ -190,8 +189,8 @@ def followed_topic(settings: Settings) -> str:
         # Offsets, commits and the query id go (the new query's writes carry a new id), in
         # one rename: killed midway, a start finds the whole old checkpoint or none.
         aside = checkpoint.with_name(f"{checkpoint.name}.replaced-{time.time_ns()}")
-        os.replace(checkpoint, aside)
-        shutil.rmtree(aside)
+        storage.replace(checkpoint, aside)
+        storage.remove_tree(aside)
         followed = {}
     if followed.get(settings.kafka_topic) != current:
         checkpoints.write_record(checkpoint, KAFKA_TOPICS_RECORD,
@@ -207,7 +206,7 @@ def check_topic_unchanged(settings: Settings) -> None:
     from spark_jobs import kafka_topic
     from spark_jobs.services import ServiceError
 
-    followed = checkpoints.read_record(Path(settings.checkpoint(QUERY_NAME)),
+    followed = checkpoints.read_record(lake_path(settings.checkpoint(QUERY_NAME)),
                                        KAFKA_TOPICS_RECORD).get(settings.kafka_topic)
     try:
         current = kafka_topic.topic_id(settings)
@@ -284,7 +283,7 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
         topic_id = followed_topic(settings)  # the topic checked before anything is read
         records = records_from_kafka(kafka_messages(spark, settings), topic_id)
     else:
-        clean_read_files(settings.landing_events, Path(settings.checkpoint(QUERY_NAME)),
+        clean_read_files(settings.landing_events, lake_path(settings.checkpoint(QUERY_NAME)),
                          settings.landing_cleanup, settings.landing_archive)
         # The source counts files (each is read whole); records are counted on the way.
         records = lines_from_files(whole_files(

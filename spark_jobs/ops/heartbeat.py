@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spark_jobs import storage
 from spark_jobs.config import Settings, interval_seconds
 from spark_jobs.ops.leases import driver
 
@@ -57,7 +58,7 @@ def beat(settings: Settings, layers: Sequence[str], queries: Iterable[StreamingQ
                                   "trigger_interval": settings.trigger_interval,
                                   "queries": entries, "rebuilding": rebuilding}),
                       encoding="utf-8")
-    hidden.replace(path)
+    storage.replace(hidden, path)
 
 
 def _parse(text: str | None) -> datetime | None:

@@ -22,7 +22,8 @@ from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from spark_jobs.config import Settings
+from spark_jobs import storage
+from spark_jobs.config import ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,8 @@ def lease_file(settings: Settings, layer: str) -> Path:
 def holder(settings: Settings, layer: str) -> dict[str, object] | None:
     """Who holds the layer's lease, if anyone does right now."""
     path = lease_file(settings, layer)
-    if not path.exists():
-        return None
+    if storage.is_object_store(path) or not path.exists():
+        return None  # no stream holds a lease on the store: none runs there yet
     with path.open("r", encoding="utf-8") as probe:
         try:
             fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -69,6 +70,12 @@ class _Busy(Exception):
 @contextmanager
 def _lease(settings: Settings, layer: str, purpose: str) -> Iterator[None]:
     path = lease_file(settings, layer)
+    if storage.is_object_store(path):
+        # An OS lock holds on one machine's disk only; a lease on the store (a conditional
+        # write with an expiry) is the next step of issue 18's object-store roots.
+        raise ConfigError(f"the {layer} stream's lease needs its checkpoints on a local "
+                          f"folder: a root on the object store ({settings.root}) does not "
+                          f"run streams, reprocessing or resets yet")
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+", encoding="utf-8") as handle:
         try:

@@ -18,8 +18,8 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import delta_reader
-from spark_jobs.config import Settings
+from spark_jobs import delta_reader, storage
+from spark_jobs.config import ConfigError, Settings
 from spark_jobs.datasets import DATA_TABLES, REFERENCE_TABLES
 from spark_jobs.delta_writes import query_id, read_position
 from spark_jobs.gold import campaign_stats, watermark
@@ -29,6 +29,7 @@ from spark_jobs.quality import results, suites
 from spark_jobs.quality.results import Result
 from spark_jobs.quality.suites import CRITICAL, WARNING, Suite
 from spark_jobs.silver import ad_events as silver
+from spark_jobs.storage import lake_path
 from spark_jobs.tables import TableSpec, ensure_table, local_rows
 
 if TYPE_CHECKING:
@@ -90,6 +91,13 @@ def _what(result: Result) -> str:
 
 def context(settings: Settings) -> AbstractDataContext:
     """The project's Great Expectations context, its Data Docs built into the reports."""
+    if storage.is_object_store(settings.root):
+        # Great Expectations' own stores on S3 need boto3, which cannot live beside
+        # Airflow here (python-dateutil); a local context uploaded after each run is the
+        # next step of issue 18's object-store roots.
+        raise ConfigError(f"validation keeps its Great Expectations context on this "
+                          f"machine: a root on the object store ({settings.root}) is not "
+                          f"validated yet")
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
@@ -160,7 +168,7 @@ def gold_cut(settings: Settings) -> GoldCut:
     gold = campaign_stats.TABLE.path(settings)
     if not delta_reader.is_delta_table(gold):
         return GoldCut()
-    if not (Path(checkpoint) / "metadata").exists():  # no stream: gold as its queries left it
+    if not (lake_path(checkpoint) / "metadata").exists():  # no stream: gold as its queries left it
         return GoldCut(latest_event_time=watermark.latest_committed(gold))
     query = str(uuid.UUID(query_id(checkpoint)))  # Spark's id, checked before it enters SQL
     ledger_path = late_data.TABLE.path(settings)
