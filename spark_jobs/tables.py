@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from spark_jobs import registry
+from spark_jobs import registry, storage
 from spark_jobs.config import Settings
 from spark_jobs.delta_writes import retry_on_conflict
 from spark_jobs.registry import Table
@@ -249,6 +249,11 @@ def _register(spark: SparkSession, settings: Settings, spec: TableSpec) -> None:
 
 
 def _remember(settings: Settings, spec: TableSpec) -> None:
+    if storage.is_object_store(settings.root):
+        # The file is for ``spark-sql -i``, which reads a local file, and an object cannot
+        # be appended to: a lake on the store keeps no such file (its tables are registered
+        # by every session the project builds, as everywhere).
+        return
     catalog = settings.root / "catalog.sql"
     known = catalog.read_text("utf-8") if catalog.exists() else ""
     statement = create_statement(spec, settings)

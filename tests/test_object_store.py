@@ -6,9 +6,12 @@ import json
 import os
 import re
 import socket
+import subprocess
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,9 +19,10 @@ from py4j.protocol import Py4JJavaError
 
 from spark_jobs import delta_reader, storage
 from spark_jobs.config import LOOPBACK, ConfigError
+from spark_jobs.ops import leases, store_leases
 from spark_jobs.session import spark_conf
-from tests.conftest import make_settings
-from tests.processes import run_lakehouse
+from tests.conftest import cli_env, make_settings
+from tests.processes import lakehouse_command, run_lakehouse
 
 pytestmark = pytest.mark.integration
 
@@ -194,20 +198,76 @@ def test_the_project_s_own_files_and_readers_work_on_the_store(spark, s3, tmp_pa
     assert delta_reader.commit_info(path, 1)["operation"] == "WRITE"
 
 
-def test_a_root_on_the_store_takes_generated_events_and_refuses_a_stream_by_name(s3) -> None:
-    """``root = s3a://...``: the generator lands its events and expected counts there; a
-    stream, which needs a lease on its checkpoints, is refused with the reason."""
+def test_the_pipeline_runs_on_a_root_on_the_store_exactly(s3, tmp_path) -> None:
+    """``root = s3a://...``: the generator lands its events and expected counts there, the
+    streams run every layer there twice (a second delivery in between), and the audit
+    finds every record in exactly one place; nothing is written on local disk."""
     endpoint, _ = s3
     root = f"s3a://{BUCKET}/lake"
     env = {"LAKEHOUSE_S3_ENDPOINT": endpoint, "AWS_ACCESS_KEY_ID": "lakehouse-test",
            "AWS_SECRET_ACCESS_KEY": "lakehouse-test"}
-    made = run_lakehouse("generate", "--root", root, "--events", "300", "--events-per-file",
-                         "100", "--seed", "5", env=env)
-    assert made.returncode == 0, made.stderr[-3000:]
+
+    def lakehouse(*args: str) -> str:
+        done = subprocess.run(lakehouse_command(*args, "--root", root), cwd=tmp_path,
+                              env=cli_env(**env), capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    lakehouse("generate", "--events", "600", "--events-per-file", "200", "--seed", "5")
     settings = make_settings(root, s3_endpoint=endpoint)
-    # 300 events in files of 100 (the mess adds redeliveries and blank lines, not files).
-    assert len([path for path in settings.landing_events.iterdir()]) == 3
-    assert json.loads(settings.expected_counts_file.read_text("utf-8"))["delivered"] >= 300
-    refused = run_lakehouse("stream", "--root", root, "--available-now", env=env)
-    assert refused.returncode != 0
-    assert "lease needs its checkpoints on a local folder" in refused.stderr
+    # 600 events in files of 200 (the mess adds redeliveries and blank lines, not files).
+    assert len(list(settings.landing_events.iterdir())) == 3
+    lakehouse("stream", "--available-now")
+    lakehouse("generate", "--events", "300", "--events-per-file", "300", "--seed", "6")
+    lakehouse("stream", "--available-now")
+    audit = lakehouse("audit", "--expected")
+    assert "unaccounted                        0" in audit, audit
+    assert "accounted twice                    0" in audit, audit
+    assert "expected counts" in audit and ": match" in audit, audit
+    # The second run went on from the first one's checkpoints on the store: bronze read
+    # only the new file, and has every delivery once.
+    assert delta_reader.count_rows(f"{root}/tables/bronze/ad_events") == json.loads(
+        settings.expected_counts_file.read_text("utf-8"))["delivered"]
+    # The first run's files were archived on the store when the second planned its batch.
+    waiting = [path.name for path in settings.landing_events.iterdir()]
+    assert len(waiting) == 1 and "seed6" in waiting[0], waiting
+    assert len(list(settings.landing_archive.rglob("events-seed5-*"))) == 3
+    assert not list(tmp_path.iterdir())  # no folder named after the URI, nothing local
+
+
+def test_a_lease_on_the_store_is_held_by_one_driver_renewed_and_let_go(spark, s3,
+                                                                        monkeypatch) -> None:
+    endpoint, _ = s3
+    settings = make_settings(f"s3a://{BUCKET}/leased", s3_endpoint=endpoint)
+    path = leases.lease_file(settings, "bronze")
+    monkeypatch.setattr(store_leases, "RENEW_SECONDS", 0.5)
+    with leases.leases(settings, ["bronze"]):
+        first = store_leases.read(path)
+        assert first["pid"] == os.getpid() and first["purpose"] == leases.STREAM
+        assert leases.holder(settings, "bronze")["pid"] == os.getpid()
+        # A second driver is refused, naming the first.
+        with (pytest.raises(leases.LeaseHeld, match="already running under another driver"),
+              leases.leases(settings, ["bronze"])):
+            pass
+        time.sleep(2)  # four renewals due
+        assert store_leases.read(path)["renewed_at"] > first["renewed_at"]
+    # Let go: the object is gone.
+    assert not path.exists() and leases.holder(settings, "bronze") is None
+
+    # A holder elsewhere that stopped renewing (killed, its machine gone) has expired: its
+    # lease is taken over. One that renews holds it.
+    now = datetime.now(UTC)
+    elsewhere = {"pid": 1, "host": "another-machine", "since": now.isoformat(),
+                 "purpose": leases.STREAM}
+    expired = now - timedelta(seconds=2 * store_leases.EXPIRY_SECONDS)
+    path.write_text(json.dumps(elsewhere | {"renewed_at": expired.isoformat()}), "utf-8")
+    assert leases.holder(settings, "bronze") is None
+    with leases.leases(settings, ["bronze"]):
+        assert store_leases.read(path)["pid"] == os.getpid()
+    path.write_text(json.dumps(elsewhere | {"renewed_at": now.isoformat()}), "utf-8")
+    assert leases.holder(settings, "bronze")["host"] == "another-machine"
+    with pytest.raises(leases.LeaseHeld, match="another-machine"), leases.leases(
+            settings, ["bronze"]):
+        pass
+    path.unlink()

@@ -4,6 +4,8 @@ Two drivers on one checkpoint would race for the same micro-batch ids. A driver 
 holds an OS lock (``flock``) on ``<root>/checkpoints/<layer>.lease`` for as long as it
 lives; the lock dies with the process, so a crashed driver never leaves a stale lease, and
 a retry that starts beside a lingering driver fails at once with the holder's identity.
+With the checkpoints on an object store, where no OS lock reaches, the lease is an object
+changed only by S3's conditional writes, renewed while held (``store_leases``).
 The lease files also say who runs what, which the stop request and health checks read.
 A reprocess that writes gold while no driver runs it holds the gold lease too; a driver
 starting meanwhile waits for it instead of failing.
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from spark_jobs import storage
 from spark_jobs.config import ConfigError, Settings
+from spark_jobs.ops import store_leases
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +48,11 @@ def lease_file(settings: Settings, layer: str) -> Path:
 def holder(settings: Settings, layer: str) -> dict[str, object] | None:
     """Who holds the layer's lease, if anyone does right now."""
     path = lease_file(settings, layer)
-    if storage.is_object_store(path) or not path.exists():
-        return None  # no stream holds a lease on the store: none runs there yet
+    if storage.is_object_store(path):
+        record = store_leases.read(path)
+        return record if store_leases.live(record) else None
+    if not path.exists():
+        return None
     with path.open("r", encoding="utf-8") as probe:
         try:
             fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -70,12 +76,17 @@ class _Busy(Exception):
 @contextmanager
 def _lease(settings: Settings, layer: str, purpose: str) -> Iterator[None]:
     path = lease_file(settings, layer)
-    if storage.is_object_store(path):
-        # An OS lock holds on one machine's disk only; a lease on the store (a conditional
-        # write with an expiry) is the next step of issue 18's object-store roots.
-        raise ConfigError(f"the {layer} stream's lease needs its checkpoints on a local "
-                          f"folder: a root on the object store ({settings.root}) does not "
-                          f"run streams, reprocessing or resets yet")
+    if storage.is_object_store(path):  # no OS lock reaches there: conditional writes
+        from pyspark.sql import SparkSession
+
+        # The driver's session (a thread of its own may have no active one).
+        spark = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+        if spark is None:
+            raise ConfigError(f"the {layer} lease on the object store is taken through a "
+                              f"Spark session, and this process has none")
+        with store_leases.held(spark, path, purpose, _Busy, LeaseHeld, layer):
+            yield
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+", encoding="utf-8") as handle:
         try:
