@@ -9,11 +9,14 @@ security dependency), else 401.
 
 from __future__ import annotations
 
+import mimetypes
+from pathlib import Path
+
 from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
 from airflow.api_fastapi.core_api.security import requires_access_view
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
 from lakehouse_airflow.timetables import NightlyDays
 from lakehouse_airflow.views import latest_report, report_file, stream_health_page
@@ -37,12 +40,16 @@ def quality() -> RedirectResponse | HTMLResponse:
     return RedirectResponse(f"reports/{report.name}")
 
 
-@app.get("/reports/{relative:path}")
-def reports(relative: str) -> FileResponse:
+@app.get("/reports/{relative:path}", response_model=None)
+def reports(relative: str) -> FileResponse | Response:
     path = report_file(relative)
     if path is None:
         raise HTTPException(status_code=404, detail=f"no report file {relative}")
-    return FileResponse(path)
+    if isinstance(path, Path):
+        return FileResponse(path)
+    # A root on the object store: the file's bytes, as the store gives them.
+    kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return Response(path.read_bytes(), media_type=kind)
 
 
 class LakehousePlugin(AirflowPlugin):

@@ -141,3 +141,13 @@ def probe_writable(folder: LakePath) -> None:
     probe = folder / f".write-probe-{uuid.uuid4().hex}"
     probe.write_bytes(b"")
     probe.unlink()
+
+
+def upload_tree(local: Path, target: LakePath) -> None:
+    """Every file under the local folder ``local`` written under ``target`` by its relative
+    path (replacing what is there)."""
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            copy = target / path.relative_to(local).as_posix()
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_bytes(path.read_bytes())

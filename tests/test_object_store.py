@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from py4j.protocol import Py4JJavaError
 
+from lakehouse_airflow import views
 from spark_jobs import delta_reader, storage
 from spark_jobs.config import LOOPBACK, ConfigError
 from spark_jobs.ops import leases, store_leases
@@ -198,14 +199,18 @@ def test_the_project_s_own_files_and_readers_work_on_the_store(spark, s3, tmp_pa
     assert delta_reader.commit_info(path, 1)["operation"] == "WRITE"
 
 
-def test_the_pipeline_runs_on_a_root_on_the_store_exactly(s3, tmp_path) -> None:
+def test_the_pipeline_runs_on_a_root_on_the_store_exactly(s3, tmp_path, tmp_path_factory
+                                                          ) -> None:
     """``root = s3a://...``: the generator lands its events and expected counts there, the
     streams run every layer there twice (a second delivery in between), and the audit
     finds every record in exactly one place; nothing is written on local disk."""
     endpoint, _ = s3
     root = f"s3a://{BUCKET}/lake"
+    # The Great Expectations context of a root on the store lives in the user's cache:
+    # a home of the test's own.
     env = {"LAKEHOUSE_S3_ENDPOINT": endpoint, "AWS_ACCESS_KEY_ID": "lakehouse-test",
-           "AWS_SECRET_ACCESS_KEY": "lakehouse-test"}
+           "AWS_SECRET_ACCESS_KEY": "lakehouse-test",
+           "HOME": str(tmp_path_factory.mktemp("home"))}
 
     def lakehouse(*args: str) -> str:
         done = subprocess.run(lakehouse_command(*args, "--root", root), cwd=tmp_path,
@@ -233,6 +238,17 @@ def test_the_pipeline_runs_on_a_root_on_the_store_exactly(s3, tmp_path) -> None:
     waiting = [path.name for path in settings.landing_events.iterdir()]
     assert len(waiting) == 1 and "seed6" in waiting[0], waiting
     assert len(list(settings.landing_archive.rglob("events-seed5-*"))) == 3
+
+    # Validation: its results in quality.results on the store, the report and the Data
+    # Docs (built beside the local context) in the store's reports, which the UI serves.
+    lakehouse("validate")
+    assert delta_reader.count_rows(f"{root}/tables/quality/results") > 0
+    report = views.latest_report(settings)
+    assert report is not None and str(report).startswith(f"{root}/reports/quality-")
+    served = views.report_file(report.name, settings)
+    assert served is not None and "<html" in served.read_text("utf-8").lower()
+    assert list((settings.reports_dir / "data_docs").rglob("*.html"))
+    assert views.report_file("../tables/quality/results/_delta_log", settings) is None
     assert not list(tmp_path.iterdir())  # no folder named after the URI, nothing local
 
 

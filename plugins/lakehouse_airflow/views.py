@@ -16,13 +16,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any, Literal
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Literal
 
-from spark_jobs import config, delta_reader, pages, registry
+from spark_jobs import config, delta_reader, pages, registry, storage
 from spark_jobs.config import ConfigError, Settings
 from spark_jobs.ops import heartbeat
 from spark_jobs.ops.leases import driver
+
+if TYPE_CHECKING:
+    from spark_jobs.storage import LakePath
 
 # Every streaming query the pipeline runs, in dependency order, from the registry (plain
 # Python: the API server imports no PySpark).
@@ -303,9 +306,15 @@ def latest_report(settings: Settings | None = None) -> Path | None:
     return reports[-1] if reports else None
 
 
-def report_file(relative: str, settings: Settings | None = None) -> Path | None:
+def report_file(relative: str, settings: Settings | None = None) -> LakePath | None:
     """A file of the reports folder (the report, its Data Docs), never one outside it."""
     settings = settings or config.load()
+    if storage.is_object_store(settings.reports_dir):  # keys, not a file system to resolve
+        parts = PurePosixPath(relative).parts
+        if not parts or relative.startswith("/") or {".", ".."} & set(parts):
+            return None
+        path = settings.reports_dir / relative
+        return path if path.is_file() else None
     folder = settings.reports_dir.resolve()
     path = (folder / relative).resolve()
     return path if path.is_relative_to(folder) and path.is_file() else None

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from markupsafe import Markup
 
-from spark_jobs import delta_reader, pages
+from spark_jobs import delta_reader, pages, storage
 from spark_jobs.config import Settings
 from spark_jobs.datasets import TABLES
 from spark_jobs.gold import campaign_stats, watermark
@@ -192,5 +192,5 @@ def write(settings: Settings, page: str, generated_at: datetime) -> Path:
     path = settings.reports_dir / f"quality-{generated_at:%Y%m%dT%H%M%SZ}.html"
     temporary = path.with_suffix(".tmp")
     temporary.write_text(page, "utf-8")
-    temporary.replace(path)  # the UI never serves a half-written report
+    storage.replace(temporary, path)  # the UI never serves a half-written report
     return path

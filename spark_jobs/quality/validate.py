@@ -10,6 +10,7 @@ Docs site into ``<root>/reports/data_docs``. Every run appends one row per expec
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import uuid
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs import delta_reader, storage
-from spark_jobs.config import ConfigError, Settings
+from spark_jobs.config import Settings
 from spark_jobs.datasets import DATA_TABLES, REFERENCE_TABLES
 from spark_jobs.delta_writes import query_id, read_position
 from spark_jobs.gold import campaign_stats, watermark
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 DATASOURCE = "lakehouse"
 DOCS_SITE = "local_site"
+DOCS_FOLDER = "data_docs"  # under the reports, where the report links to them
 OBSERVED_LIMIT = 2000  # characters of observed values or sample rows kept per result
 CUT_ATTEMPTS = 5  # gold commits every few seconds at most: a quiet moment comes quickly
 
@@ -91,26 +93,44 @@ def _what(result: Result) -> str:
 
 def context(settings: Settings) -> AbstractDataContext:
     """The project's Great Expectations context, its Data Docs built into the reports."""
-    if storage.is_object_store(settings.root):
-        # Great Expectations' own stores on S3 need boto3, which cannot live beside
-        # Airflow here (python-dateutil); a local context uploaded after each run is the
-        # next step of issue 18's object-store roots.
-        raise ConfigError(f"validation keeps its Great Expectations context on this "
-                          f"machine: a root on the object store ({settings.root}) is not "
-                          f"validated yet")
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    gx_context = gx.get_context(mode="file", project_root_dir=settings.root / "quality")
+    gx_context = gx.get_context(mode="file", project_root_dir=gx_home(settings))
     gx_context.variables.progress_bars = ProgressBarsConfig(globally=False)
     gx_context.update_data_docs_site(DOCS_SITE, {
         "class_name": "SiteBuilder",
         "show_how_to_buttons": False,
         "store_backend": {"class_name": "TupleFilesystemStoreBackend",
-                          "base_directory": str(settings.reports_dir / "data_docs")},
+                          "base_directory": str(_docs_built_in(settings))},
         "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
     })
     return gx_context
+
+
+def gx_home(settings: Settings) -> Path:
+    """Where the Great Expectations context lives: ``<root>/quality``, or, for a root on
+    the object store, a folder of this machine's (Great Expectations' own stores on S3 need
+    boto3, which cannot live beside Airflow here: python-dateutil), one per root."""
+    if not storage.is_object_store(settings.root):
+        return settings.root / "quality"
+    digest = hashlib.sha256(str(settings.root).encode("utf-8")).hexdigest()[:16]
+    return Path.home() / ".cache" / "lakehouse" / "quality" / digest
+
+
+def _docs_built_in(settings: Settings) -> Path:
+    """Where Great Expectations builds the Data Docs: in the reports, or beside its local
+    context for a root on the store (``publish_docs`` copies them into the reports)."""
+    if storage.is_object_store(settings.root):
+        return gx_home(settings) / DOCS_FOLDER
+    return settings.reports_dir / DOCS_FOLDER
+
+
+def publish_docs(settings: Settings) -> None:
+    """For a root on the object store, the Data Docs built on this machine, copied into
+    ``<root>/reports/data_docs`` (a site built elsewhere lists its own runs)."""
+    if storage.is_object_store(settings.root):
+        storage.upload_tree(_docs_built_in(settings), settings.reports_dir / DOCS_FOLDER)
 
 
 @dataclass(frozen=True)
@@ -229,6 +249,7 @@ def validate(spark: SparkSession, settings: Settings, tables: list[str],
     rows = [r.row() for verdict in run.verdicts for r in verdict.results]
     (local_rows(spark, rows, results.SCHEMA)
         .write.format("delta").mode("append").save(results.TABLE.path(settings)))
+    publish_docs(settings)
     return run
 
 
@@ -265,8 +286,9 @@ def _docs_page(gx_context: AbstractDataContext, settings: Settings, identifier: 
         url = site.get("site_url") or ""
         if url.startswith("file://"):
             page = Path(url.removeprefix("file://"))
-            if page.is_relative_to(settings.reports_dir):
-                return str(page.relative_to(settings.reports_dir))
+            built_in = _docs_built_in(settings)
+            if page.is_relative_to(built_in):  # as the reports folder holds it
+                return f"{DOCS_FOLDER}/{page.relative_to(built_in)}"
     return None
 
 
