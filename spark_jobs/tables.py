@@ -197,7 +197,17 @@ def _remove_torn_log(path: str) -> bool:
 
 
 def register_existing(spark: SparkSession, settings: Settings) -> list[str]:
-    """Register by name every table recorded in ``<root>/catalog.sql``; return the names."""
+    """Register by name every table recorded in ``<root>/catalog.sql`` (on the object store,
+    which keeps no such file: every table of the registry that is there); return the
+    names."""
+    if storage.is_object_store(settings.root):
+        from spark_jobs.datasets import TABLES  # the table modules import this one
+
+        existing = [spec for spec in TABLES.values()
+                    if (storage.lake_path(spec.path(settings)) / "_delta_log").is_dir()]
+        for spec in existing:
+            _register(spark, settings, spec)
+        return [spec.name for spec in existing]
     catalog = settings.root / "catalog.sql"
     if not catalog.exists():
         return []
@@ -251,8 +261,8 @@ def _register(spark: SparkSession, settings: Settings, spec: TableSpec) -> None:
 def _remember(settings: Settings, spec: TableSpec) -> None:
     if storage.is_object_store(settings.root):
         # The file is for ``spark-sql -i``, which reads a local file, and an object cannot
-        # be appended to: a lake on the store keeps no such file (its tables are registered
-        # by every session the project builds, as everywhere).
+        # be appended to: a lake on the store keeps no such file (``register_existing``
+        # registers the registry's tables found there instead).
         return
     catalog = settings.root / "catalog.sql"
     known = catalog.read_text("utf-8") if catalog.exists() else ""

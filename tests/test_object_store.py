@@ -20,6 +20,7 @@ from py4j.protocol import Py4JJavaError
 from lakehouse_airflow import views
 from spark_jobs import delta_reader, storage
 from spark_jobs.config import LOOPBACK, ConfigError
+from spark_jobs.gold import writer
 from spark_jobs.ops import leases, store_leases
 from spark_jobs.session import spark_conf
 from tests.conftest import cli_env, make_settings
@@ -153,11 +154,11 @@ def test_drivers_appending_at_once_lose_no_commit(spark, s3) -> None:
             together.abort()
             failures.append(error)
 
-    writers = [threading.Thread(target=append, args=(number,)) for number in (1, 2)]
-    for writer in writers:
-        writer.start()
-    for writer in writers:
-        writer.join(timeout=600)
+    threads = [threading.Thread(target=append, args=(number,)) for number in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
     assert not failures, failures
     # 2 writers x 4 appends x 10 distinct ids; one commit per append after the creation.
     table = spark.read.format("delta").load(path)
@@ -287,3 +288,22 @@ def test_a_lease_on_the_store_is_held_by_one_driver_renewed_and_let_go(spark, s3
             settings, ["bronze"]):
         pass
     path.unlink()
+
+
+def test_a_rebuild_request_on_the_store_is_claimed_or_withdrawn_never_both(spark, s3) -> None:
+    """A reprocess hands its gold rebuild to the driver by a request the driver claims and
+    the reprocess may withdraw: on local disk two renames of one file, of which one wins; on
+    the store, which cannot rename atomically, a marker only one side can create."""
+    endpoint, _ = s3
+    settings = make_settings(f"s3a://{BUCKET}/handed", s3_endpoint=endpoint)
+    folder = writer.requests_dir(settings)
+    for first, second in (("claimed", "withdrawn"), ("withdrawn", "claimed")):
+        name = f"asked-{first}"
+        (folder / f"{name}.request").write_text('{"from": "2026-11-27"}', "utf-8")
+        writer._decide(folder, name, first)
+        with pytest.raises(FileNotFoundError, match="decided by the other side"):
+            writer._decide(folder, name, second)
+        # The request moved under the winner's name, whole; nothing under the loser's.
+        assert not (folder / f"{name}.request").exists()
+        assert (folder / f"{name}.{first}").read_text("utf-8") == '{"from": "2026-11-27"}'
+        assert not (folder / f"{name}.{second}").exists()

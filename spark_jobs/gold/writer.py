@@ -15,7 +15,8 @@ So they never run side by side. In the driver holding the gold lease, gold micro
 hold ``LOCK`` shared (each gold stream writes its own table, so their batches overlap) and
 a rebuild holds it alone. A reprocess in another process hands its
 rebuild to that driver: a request file under ``<root>/control/gold-rebuilds/``, claimed by
-the driver's rebuild thread with an atomic rename, run between gold batches, answered with
+the driver's rebuild thread with an atomic rename (on the object store, with a marker only
+one side can create: S3's conditional write), run between gold batches, answered with
 a result file the reprocess waits for. With no driver holding the lease, the reprocess
 takes it for the rebuild itself, and a driver starting meanwhile waits
 (``ops.leases``). A dry run only reads, and runs where it is asked.
@@ -30,10 +31,11 @@ import time
 import uuid
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spark_jobs import storage
 from spark_jobs.config import Settings
+from spark_jobs.ops import store_leases
 from spark_jobs.ops.leases import REPROCESS, LeaseHeld, driver, leases
 
 if TYPE_CHECKING:
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
     from spark_jobs.dates import DateRange
     from spark_jobs.range_rebuild import Change
+    from spark_jobs.storage import LakePath
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +123,7 @@ _last_rebuild: dict[str, str | None] = {}  # days, since, ended (None while it r
 ANSWER_PATIENCE_SECONDS = 3 * 3600.0
 
 
-def requests_dir(settings: Settings) -> Path:
+def requests_dir(settings: Settings) -> LakePath:
     return settings.root / "control" / "gold-rebuilds"
 
 
@@ -158,17 +161,16 @@ def _hand_over(settings: Settings, days: DateRange) -> list[Change] | None:
     try:
         return _await_answer(settings, days, folder, name)
     finally:  # answered, given up or interrupted: nothing of this request stays behind
-        for leftover in (request, folder / f"{name}.withdrawn"):
+        for leftover in (request, folder / f"{name}.withdrawn", folder / f"{name}.decided"):
             leftover.unlink(missing_ok=True)
 
 
-def _await_answer(settings: Settings, days: DateRange, folder: Path, name: str
+def _await_answer(settings: Settings, days: DateRange, folder: LakePath, name: str
                   ) -> list[Change] | None:
     from spark_jobs.range_rebuild import Change
     from spark_jobs.reprocess import ReprocessError
 
-    request, claimed, answer = (folder / f"{name}.request", folder / f"{name}.claimed",
-                                folder / f"{name}.result")
+    claimed, answer = folder / f"{name}.claimed", folder / f"{name}.result"
     deadline = time.monotonic() + ANSWER_PATIENCE_SECONDS
     while time.monotonic() < deadline:
         if answer.exists():
@@ -180,7 +182,7 @@ def _await_answer(settings: Settings, days: DateRange, folder: Path, name: str
             return [Change(**change) for change in result["changes"]]
         if driver(settings, LAYER) is None:
             try:  # withdraw the request, unless the driver claims it at this very moment
-                request.rename(folder / f"{name}.withdrawn")
+                _decide(folder, name, "withdrawn")
             except FileNotFoundError:
                 if not answer.exists():  # claimed, then the driver died: run it again
                     claimed.unlink(missing_ok=True)
@@ -202,7 +204,7 @@ def serve_requests(spark: SparkSession, settings: Settings,
             break
         claimed = request.with_suffix(".claimed")
         try:
-            request.rename(claimed)
+            _decide(request.parent, request.stem, "claimed")
         except FileNotFoundError:  # withdrawn meanwhile
             continue
         try:
@@ -217,7 +219,8 @@ def serve_requests(spark: SparkSession, settings: Settings,
     return served
 
 
-def _run_request(spark: SparkSession, settings: Settings, claimed: Path) -> dict[str, object]:
+def _run_request(spark: SparkSession, settings: Settings, claimed: LakePath
+                 ) -> dict[str, object]:
     from spark_jobs.dates import DateRange
     from spark_jobs.reprocess import rebuild_gold
 
@@ -250,7 +253,9 @@ def serve_in_background(spark: SparkSession, settings: Settings, stop: threading
     (progress, heartbeat) keeps its pace during a rebuild. A request a killed driver had
     claimed is served again first: its reprocess may still be waiting."""
     for orphan in requests_dir(settings).glob("*.claimed"):
-        orphan.replace(orphan.with_suffix(".request"))
+        storage.replace(orphan, orphan.with_suffix(".request"))
+        # On the store, the claim's marker goes too, so that the request can be claimed.
+        (orphan.parent / f"{orphan.stem}.decided").unlink(missing_ok=True)
 
     def loop() -> None:
         while not stop.wait(POLL_SECONDS):
@@ -264,7 +269,27 @@ def serve_in_background(spark: SparkSession, settings: Settings, stop: threading
     return thread
 
 
-def _write_atomically(path: Path, content: dict[str, object]) -> None:
+def _decide(folder: LakePath, name: str, outcome: str) -> None:
+    """The request ``name`` becomes ``<name>.<outcome>`` (claimed by the driver, or
+    withdrawn by its reprocess), or ``FileNotFoundError`` if the other side decided first.
+    On local disk a rename, which one of two renames of a file wins; on the object store,
+    which cannot rename atomically, a marker only one writer can create (S3's conditional
+    write), then the request's copy under its new name."""
+    request, decided = folder / f"{name}.request", folder / f"{name}.{outcome}"
+    if not storage.is_object_store(folder):
+        request.rename(decided)
+        return
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+    if spark is None or not store_leases.create_exclusively(
+            spark, folder / f"{name}.decided", {"outcome": outcome}):
+        raise FileNotFoundError(f"{request}: decided by the other side")
+    decided.write_bytes(request.read_bytes())
+    request.unlink(missing_ok=True)
+
+
+def _write_atomically(path: LakePath, content: dict[str, object]) -> None:
     hidden = path.with_name(f".{path.name}.tmp")
     hidden.write_text(json.dumps(content), encoding="utf-8")
-    hidden.replace(path)
+    storage.replace(hidden, path)

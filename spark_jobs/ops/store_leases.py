@@ -87,6 +87,17 @@ def live(record: dict[str, Any] | None, now: datetime | None = None) -> bool:
     return True
 
 
+def create_exclusively(spark: SparkSession, path: LakePath, record: dict[str, Any]) -> bool:
+    """Write ``record`` at ``path`` unless an object is there: whether this write made it.
+    S3 decides atomically (``If-None-Match``), so of several writers exactly one does: what
+    a rename does on local disk, which the store cannot do atomically."""
+    try:
+        _Store(spark, path).write(record, None)
+    except Refused:
+        return False
+    return True
+
+
 class _Store:
     """Conditional writes of one object, through the JVM's Hadoop file system."""
 
