@@ -127,6 +127,9 @@ def _endpoint(text: str, info: ValidationInfo) -> str:
         if address.scheme not in ("http", "https") or not address.hostname:
             raise ConfigError(f"{info.field_name}: {text!r} is not an http:// or https:// "
                               f"URL with a host")
+        if address.username or address.password:  # it would show in Spark's settings
+            raise ConfigError(f"{info.field_name}: no credentials in the URL; the AWS "
+                              f"SDK's chain gives them (AWS_ACCESS_KEY_ID, a profile)")
     return text
 
 
@@ -311,8 +314,12 @@ def _root(value: object, info: ValidationInfo) -> LakePath:
         raise ConfigError("root is empty: name the lakehouse's folder (--root, "
                           "LAKEHOUSE_ROOT or root in the configuration file)")
     if storage.is_object_store(text):
-        if not urllib.parse.urlsplit(text).netloc:
+        address = urllib.parse.urlsplit(text)
+        if not address.hostname:
             raise ConfigError(f"root {text}: name the bucket (s3a://bucket/folder)")
+        if address.username or address.password:  # it would show in logs and settings
+            raise ConfigError("root: no credentials in the URI; the AWS SDK's chain gives "
+                              "them (AWS_ACCESS_KEY_ID, a profile)")
         return storage.lake_path(text.rstrip("/"), endpoint=info.data.get("s3_endpoint", ""))
     return _local_root(text)
 

@@ -117,6 +117,8 @@ def replace(staged: LakePath, final: LakePath) -> None:
     object store, where an object appears whole when written, a copy and a delete."""
     if isinstance(staged, Path):
         os.replace(staged, final)
+    elif staged.is_dir():  # the store copies objects one by one: no folder moves whole
+        raise IsADirectoryError(f"{staged}: a folder on the object store cannot be moved")
     else:
         staged.rename(final)
 

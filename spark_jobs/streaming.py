@@ -16,12 +16,13 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs import checkpoints, registry
+from spark_jobs import checkpoints, registry, storage
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import ConfigError, Settings, interval_seconds, spark_interval
 from spark_jobs.gold import writer as gold_writer
@@ -172,6 +173,18 @@ def request_stop(settings: Settings) -> Path:
     return path
 
 
+def _store_time(settings: Settings) -> float:
+    """Now by the clock of the file system holding the root's control files."""
+    if not storage.is_object_store(settings.root):
+        return time.time()
+    marker = stop_request_file(settings).with_name(f"started-{uuid.uuid4().hex}")
+    marker.write_text("", "utf-8")
+    try:
+        return marker.stat().st_mtime
+    finally:
+        marker.unlink()
+
+
 def _stop_requested_since(settings: Settings, started: float) -> bool:
     path = stop_request_file(settings)
     return path.exists() and path.stat().st_mtime >= started
@@ -179,7 +192,10 @@ def _stop_requested_since(settings: Settings, started: float) -> bool:
 
 def run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[str],
                      trigger_interval: str, stop: threading.Event) -> None:
-    started = time.time()  # a stop requested while the leases are awaited counts too
+    # A stop requested while the leases are awaited counts too. The start's time as the
+    # file system tells it, where the stop request's is read: on the object store that is
+    # the store's clock, in whole seconds, not this machine's.
+    started = _store_time(settings)
     with leases(settings, layers):
         checkpoints.refuse_if_reset_unfinished(settings, layers)
         _run_continuously(spark, settings, layers, trigger_interval, stop, started)

@@ -76,6 +76,13 @@ def s3(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, P
 def test_the_s3_settings_are_checked_and_only_an_endpoint_adds_s3a_keys(tmp_path) -> None:
     with pytest.raises(ConfigError, match="s3_endpoint: 'ftp://store' is not an http"):
         make_settings(tmp_path, s3_endpoint="ftp://store")
+    # No credentials in a URL: they would show in Spark's settings and in logs, and the
+    # message does not repeat them.
+    for key, value in (("s3_endpoint", "http://key:secret@127.0.0.1:9000"),
+                       ("root", "s3a://key:secret@bucket/lake")):
+        with pytest.raises(ConfigError, match="no credentials in the") as refused:
+            make_settings(tmp_path, **{key: value}) if key != "root" else make_settings(value)
+        assert "secret" not in str(refused.value)
     assert not any("s3a" in key for key in spark_conf(make_settings(tmp_path))
                    if key.startswith("spark.hadoop."))
     conf = spark_conf(make_settings(tmp_path, s3_endpoint="https://store.example:9443"))
@@ -269,11 +276,18 @@ def test_a_lease_on_the_store_is_held_by_one_driver_renewed_and_let_go(spark, s3
             pass
         time.sleep(2)  # four renewals due
         assert store_leases.read(path)["renewed_at"] > first["renewed_at"]
-    # Let go: the object is gone.
-    assert not path.exists() and leases.holder(settings, "bronze") is None
+    # Let go: marked released (a delete could remove a lease taken over meanwhile).
+    assert store_leases.read(path)["released"] and leases.holder(settings, "bronze") is None
+    # A write against a version that is no longer there is refused by S3 (If-Match).
+    store = store_leases._Store(spark, path)
+    with pytest.raises(store_leases.Refused):
+        store.write({"pid": 0}, '"not-its-etag"')
+    path.unlink()
 
-    # A holder elsewhere that stopped renewing (killed, its machine gone) has expired: its
-    # lease is taken over. One that renews holds it.
+    # A holder elsewhere that stopped renewing (killed, its machine gone) has expired once
+    # the lease stays unchanged a while by this machine's clock: it is taken over. One that
+    # renews holds it.
+    monkeypatch.setattr(store_leases, "OBSERVE_SECONDS", 1.0)
     now = datetime.now(UTC)
     elsewhere = {"pid": 1, "host": "another-machine", "since": now.isoformat(),
                  "purpose": leases.STREAM}

@@ -175,7 +175,10 @@ def followed_topic(settings: Settings) -> str:
     """
     checkpoint = lake_path(settings.checkpoint(QUERY_NAME))
     for leftover in checkpoint.parent.glob(f"{checkpoint.name}.replaced-*"):
-        # Set aside by a start over that was killed before removing it.
+        # Set aside by a start over that was killed before removing it (on the object
+        # store, the marker of a removal of the checkpoint itself that was cut short).
+        if storage.is_object_store(checkpoint):
+            storage.remove_tree(checkpoint)
         storage.remove_tree(leftover)
     current = _topic_id(settings)
     followed = checkpoints.read_record(checkpoint, KAFKA_TOPICS_RECORD)
@@ -187,10 +190,17 @@ def followed_topic(settings: Settings) -> str:
                     "accepted: bronze's checkpoint starts over on it, from its first message",
                     settings.kafka_topic, before, current)
         # Offsets, commits and the query id go (the new query's writes carry a new id), in
-        # one rename: killed midway, a start finds the whole old checkpoint or none.
+        # one rename: killed midway, a start finds the whole old checkpoint or none. The
+        # object store renames no folder: there a marker says the checkpoint is being
+        # removed, and a start that finds it removes the rest.
         aside = checkpoint.with_name(f"{checkpoint.name}.replaced-{time.time_ns()}")
-        storage.replace(checkpoint, aside)
-        storage.remove_tree(aside)
+        if storage.is_object_store(checkpoint):
+            aside.write_text("", "utf-8")
+            storage.remove_tree(checkpoint)
+            aside.unlink()
+        else:
+            storage.replace(checkpoint, aside)
+            storage.remove_tree(aside)
         followed = {}
     if followed.get(settings.kafka_topic) != current:
         checkpoints.write_record(checkpoint, KAFKA_TOPICS_RECORD,

@@ -136,6 +136,8 @@ def rebuild(spark: Callable[[], SparkSession], settings: Settings, days: DateRan
 
     if dry_run:
         return rebuild_gold(spark(), settings, days, dry_run=True)
+    if storage.is_object_store(settings.root):
+        spark()  # a lease on the store is taken through the session's JVM
     while True:
         try:
             with leases(settings, [LAYER], purpose=REPROCESS), LOCK.rebuild():

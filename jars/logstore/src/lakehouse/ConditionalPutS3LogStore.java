@@ -3,10 +3,12 @@ package lakehouse;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.FileAlreadyExistsException;
+import java.util.Arrays;
 import java.util.Iterator;
 
 import io.delta.storage.S3SingleDriverLogStore;
 import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FSDataInputStream;
 import org.apache.hadoop.fs.FSDataOutputStream;
 import org.apache.hadoop.fs.FSDataOutputStreamBuilder;
 import org.apache.hadoop.fs.FileSystem;
@@ -29,7 +31,8 @@ import org.apache.hadoop.fs.s3a.RemoteFileChangedException;
  *
  * <p>A 409 answer means another conditional write of the same key was in flight: the write
  * is tried again, and then either that writer won (412) or it failed (this one succeeds).
- * Listing and reading are Delta's own for S3.
+ * A 412 over an object holding exactly this commit is this write's own, landed with its
+ * answer lost: the commit is made. Listing and reading are Delta's own for S3.
  */
 public class ConditionalPutS3LogStore extends S3SingleDriverLogStore {
 
@@ -59,12 +62,20 @@ public class ConditionalPutS3LogStore extends S3SingleDriverLogStore {
                 put(fs, path, bytes, overwrite);
                 return;
             } catch (RemoteFileChangedException refused) {  // 412: the version exists
+                if (holds(fs, path, bytes)) {
+                    // This very write landed and its answer was lost (the SDK sent it
+                    // again): the commit is made. Delta would otherwise commit it again
+                    // at the next version, and a blind append's rows twice.
+                    return;
+                }
                 FileAlreadyExistsException exists =
                     new FileAlreadyExistsException(path.toString());
                 exists.initCause(refused);
                 throw exists;
-            } catch (AWSBadRequestException conflict) {  // 409: a write of it in flight
-                if (attempt == CONFLICT_ATTEMPTS) {
+            } catch (AWSBadRequestException conflict) {
+                // 409: another conditional write of the key in flight; a 400 is a request
+                // this store will never take.
+                if (conflict.statusCode() != 409 || attempt == CONFLICT_ATTEMPTS) {
                     throw conflict;
                 }
                 try {
@@ -74,6 +85,14 @@ public class ConditionalPutS3LogStore extends S3SingleDriverLogStore {
                     throw new java.io.InterruptedIOException("interrupted committing " + path);
                 }
             }
+        }
+    }
+
+    /** Whether the object at {@code path} holds exactly {@code bytes}: a commit's actions
+     *  carry its own time and operation, so another writer's commit never does. */
+    private static boolean holds(FileSystem fs, Path path, byte[] bytes) throws IOException {
+        try (FSDataInputStream stream = fs.open(path)) {
+            return Arrays.equals(stream.readAllBytes(), bytes);
         }
     }
 
