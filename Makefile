@@ -41,9 +41,10 @@ $(BROKER): jars/kafka-broker/pom.xml $(JARS)
 
 # The S3-compatible server of `lakehouse services start s3` (moto's, from PyPI), in a
 # virtual environment of its own: boto's botocore needs python-dateutil 2, Airflow pins 4.
-$(S3SERVER): scripts/s3-server-requirements.txt
+$(S3SERVER): scripts/s3-server-requirements.txt scripts/s3-server-constraints.txt
 	rm -rf $(dir $@) && $(PYTHON) -m venv $(dir $@)
-	$(dir $@)bin/pip install --quiet --requirement scripts/s3-server-requirements.txt
+	$(dir $@)bin/pip install --quiet --requirement scripts/s3-server-requirements.txt \
+		--constraint scripts/s3-server-constraints.txt
 	touch $@
 
 # The Spark driver's class-data archive (spark_jobs/class_archive.py): a cold Spark command

@@ -247,6 +247,15 @@ def test_the_pipeline_runs_on_a_root_on_the_store_exactly(s3, tmp_path, tmp_path
     assert len(waiting) == 1 and "seed6" in waiting[0], waiting
     assert len(list(settings.landing_archive.rglob("events-seed5-*"))) == 3
 
+    # A day reprocessed there finds it as the streams left it (the rebuild takes the gold
+    # lease on the store, through its session), and SQL finds the tables by name.
+    today = datetime.now(UTC).date().isoformat()
+    rebuilt = lakehouse("reprocess", "--from", today, "--to", today)
+    assert "silver.ad_events: unchanged" in rebuilt and "gold.campaign_stats: unchanged" in (
+        rebuilt), rebuilt
+    counted = lakehouse("sql", "SELECT count(*) AS n FROM bronze.ad_events")
+    assert str(delta_reader.count_rows(f"{root}/tables/bronze/ad_events")) in counted, counted
+
     # Validation: its results in quality.results on the store, the report and the Data
     # Docs (built beside the local context) in the store's reports, which the UI serves.
     lakehouse("validate")
