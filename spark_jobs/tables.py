@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from spark_jobs import registry, storage
+from spark_jobs import delta_reader, registry, storage
 from spark_jobs.config import Settings
 from spark_jobs.delta_writes import retry_on_conflict
 from spark_jobs.registry import Table
@@ -204,7 +204,7 @@ def register_existing(spark: SparkSession, settings: Settings) -> list[str]:
         from spark_jobs.datasets import TABLES  # the table modules import this one
 
         existing = [spec for spec in TABLES.values()
-                    if (storage.lake_path(spec.path(settings)) / "_delta_log").is_dir()]
+                    if delta_reader.is_delta_table(spec.path(settings))]
         for spec in existing:
             _register(spark, settings, spec)
         return [spec.name for spec in existing]

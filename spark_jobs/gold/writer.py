@@ -281,9 +281,7 @@ def _decide(folder: LakePath, name: str, outcome: str) -> None:
     if not storage.is_object_store(folder):
         request.rename(decided)
         return
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+    spark = store_leases.driver_session()
     if spark is None or not store_leases.create_exclusively(
             spark, folder / f"{name}.decided", {"outcome": outcome}):
         raise FileNotFoundError(f"{request}: decided by the other side")

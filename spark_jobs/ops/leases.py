@@ -77,14 +77,12 @@ class _Busy(Exception):
 def _lease(settings: Settings, layer: str, purpose: str) -> Iterator[None]:
     path = lease_file(settings, layer)
     if storage.is_object_store(path):  # no OS lock reaches there: conditional writes
-        from pyspark.sql import SparkSession
-
-        # The driver's session (a thread of its own may have no active one).
-        spark = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+        spark = store_leases.driver_session()
         if spark is None:
             raise ConfigError(f"the {layer} lease on the object store is taken through a "
                               f"Spark session, and this process has none")
-        with store_leases.held(spark, path, purpose, _Busy, LeaseHeld, layer):
+        with store_leases.held(spark, path, purpose, _Busy,
+                               lambda text: _already_running(layer, text), layer):
             yield
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,13 +92,11 @@ def _lease(settings: Settings, layer: str, purpose: str) -> Iterator[None]:
         except BlockingIOError:
             handle.seek(0)
             text = handle.read().strip()
-            held_by = _parse(text)
+            held_by = store_leases.parse_record(text)
             # Empty: the holder is writing it or letting go (or a reader probes it).
             if not held_by or held_by.get("purpose") == REPROCESS:
                 raise _Busy(text) from None
-            raise LeaseHeld(f"the {layer} stream is already running under another driver "
-                            f"({text}); stop it first (lakehouse stop) or wait for it to "
-                            f"exit") from None
+            raise _already_running(layer, text) from None
         handle.truncate(0)
         handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                  "since": datetime.now(UTC).isoformat(),
@@ -113,12 +109,10 @@ def _lease(settings: Settings, layer: str, purpose: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _parse(text: str) -> dict[str, object]:
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
+def _already_running(layer: str, holder_record: str) -> LeaseHeld:
+    return LeaseHeld(f"the {layer} stream is already running under another driver "
+                     f"({holder_record}); stop it first (lakehouse stop) or wait for it to "
+                     f"exit")
 
 
 @contextmanager

@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -67,14 +67,26 @@ class Refused(Exception):
 def read(path: LakePath) -> dict[str, Any] | None:
     """The lease's record if one is there (a holder's, expired or not)."""
     try:
-        text = path.read_text("utf-8")
+        return parse_record(path.read_text("utf-8"))
     except FileNotFoundError:
         return None
+
+
+def parse_record(text: str) -> dict[str, Any]:
+    """A lease's record (JSON), empty when the text is none (being written or let go)."""
     try:
         record = json.loads(text)
     except ValueError:
         return {}
     return record if isinstance(record, dict) else {}
+
+
+def driver_session() -> SparkSession | None:
+    """This driver's Spark session, whose JVM makes the store's conditional writes (a
+    thread of the driver's own may have no active one)."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession() or SparkSession._instantiatedSession
 
 
 def live(record: dict[str, Any] | None, now: datetime | None = None) -> bool:
@@ -92,14 +104,7 @@ def live(record: dict[str, Any] | None, now: datetime | None = None) -> bool:
         renewed = renewed.replace(tzinfo=UTC)
     if (now or datetime.now(UTC)) - renewed > timedelta(seconds=EXPIRY_SECONDS):
         return False
-    if record.get("host") == socket.gethostname() and record.get("pidns") == _pid_namespace():
-        try:
-            os.kill(int(record["pid"]), 0)
-        except ProcessLookupError:
-            return False
-        except (PermissionError, KeyError, ValueError):
-            pass
-    return True
+    return not _gone_here(record)
 
 
 def _pid_namespace() -> int | None:
@@ -154,39 +159,20 @@ class _Store:
             raise
         return self.etag()
 
-    def record(self) -> dict[str, Any] | None:
-        """The object's record, as ``read`` gives it (through the JVM, as the writes)."""
-        from py4j.protocol import Py4JJavaError
-
-        try:
-            stream = self._fs.open(self._path)
-        except Py4JJavaError as error:
-            if "FileNotFoundException" in error.java_exception.getClass().getName():
-                return None
-            raise
-        try:
-            text = bytes(stream.readAllBytes()).decode("utf-8")
-        finally:
-            stream.close()
-        try:
-            record = json.loads(text)
-        except ValueError:
-            return {}
-        return record if isinstance(record, dict) else {}
-
 
 @contextmanager
 def held(spark: SparkSession, path: LakePath, purpose: str,
-         busy: type[Exception], taken: type[Exception], layer: str) -> Iterator[None]:
+         busy: type[Exception], taken: Callable[[str], Exception], layer: str
+         ) -> Iterator[None]:
     """Hold the lease at ``path`` for as long as the block runs. A live holder raises
-    ``taken`` (a stream driver: the caller fails) or ``busy`` (a reprocess: the caller
-    waits and tries again)."""
+    ``taken(its record)`` (a stream driver: the caller fails) or ``busy`` (a reprocess: the
+    caller waits and tries again)."""
     holding = _Holding(_Store(spark, path), path, {
         "pid": os.getpid(), "host": socket.gethostname(), "pidns": _pid_namespace(),
         "since": datetime.now(UTC).isoformat(), "purpose": purpose,
         # Whose write it is, when S3's answer to it was lost.
         "token": uuid.uuid4().hex})
-    holding.take(busy, taken, layer)
+    holding.take(busy, taken)
     stop = threading.Event()
     renewer = threading.Thread(name=f"lease-{layer}", daemon=True, target=holding.renew,
                                args=(stop,))
@@ -213,7 +199,7 @@ class _Holding:
         """Whether ``record`` is this holder's own write (one whose answer was lost)."""
         return bool(record) and record.get("token") == self.mine["token"]
 
-    def take(self, busy: type[Exception], taken: type[Exception], layer: str) -> None:
+    def take(self, busy: type[Exception], taken: Callable[[str], Exception]) -> None:
         while True:
             try:
                 self.etag = self.store.write(self._record(), None)  # free: create it
@@ -224,7 +210,7 @@ class _Holding:
                 # The ETag before the record: a newer record than this version refuses the
                 # takeover below.
                 etag = self.store.etag()
-                held_by = self.store.record()
+                held_by = read(self.path)
             except Exception:  # noqa: BLE001 - let go of meanwhile, or no answer: again
                 time.sleep(1)
                 continue
@@ -235,9 +221,7 @@ class _Holding:
                 text = json.dumps(held_by)
                 if held_by.get("purpose") == "reprocess":
                     raise busy(text)
-                raise taken(f"the {layer} stream is already running under another driver "
-                            f"({text}); stop it first (lakehouse stop) or wait for it to "
-                            f"exit")
+                raise taken(text)
             if not (held_by is None or held_by.get("released") or _gone_here(held_by)) and (
                     not self._unchanged_for(etag, OBSERVE_SECONDS)):
                 continue  # renewed after all: look again
@@ -277,7 +261,7 @@ class _Holding:
 
     def _current(self) -> dict[str, Any] | None:
         try:
-            return self.store.record()
+            return read(self.path)
         except Exception:  # noqa: BLE001 - unknown: not known to be ours
             return None
 
@@ -299,6 +283,12 @@ class _Holding:
 
 def _gone_here(record: dict[str, Any]) -> bool:
     """Its holder ran in this machine's process namespace and is no longer running."""
-    return (record.get("host") == socket.gethostname()
-            and record.get("pidns") == _pid_namespace() and not live(record | {
-                "renewed_at": datetime.now(UTC).isoformat()}))
+    if record.get("host") != socket.gethostname() or record.get("pidns") != _pid_namespace():
+        return False
+    try:
+        os.kill(int(record["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, KeyError, ValueError):
+        pass
+    return False
