@@ -16,8 +16,10 @@ from datetime import timedelta
 from airflow.sdk import AssetAny, AssetOrTimeSchedule, CronTriggerTimetable, dag
 
 from lakehouse_airflow.jobs import assets, lakehouse_job
+from spark_jobs import registry
 
-VALIDATED_ON_UPDATE = ("silver.ad_events", "gold.campaign_stats", "gold.ad_attribution")
+# The layers a reprocess rebuilds: the streams' task updates them too, with bronze.
+VALIDATED_ON_UPDATE = registry.published(registry.REPROCESSED_LAYERS)
 
 
 @dag(

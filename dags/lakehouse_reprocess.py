@@ -46,9 +46,9 @@ from airflow.sdk import Param, dag
 
 from lakehouse_airflow.jobs import assets, is_true, lakehouse_job
 from lakehouse_airflow.timetables import NightlyDays
-from spark_jobs import config
+from spark_jobs import config, registry
 
-REBUILDS = ("silver.ad_events", "gold.campaign_stats", "gold.ad_attribution")
+REBUILDS = registry.published(registry.REPROCESSED_LAYERS)
 # Rebuilds at once, whatever started them: a backfill's runs are bounded by the backfill's
 # own max_active_runs (the dialog's field, 10 over the REST API), not the DAG's, so the
 # Spark tasks carry the bound themselves.

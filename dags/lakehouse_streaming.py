@@ -21,12 +21,11 @@ from airflow.sdk import dag
 
 from lakehouse_airflow.jobs import assets, lakehouse_job
 from lakehouse_airflow.sensors import StreamHealthSensor
-from spark_jobs import config
+from spark_jobs import config, registry
 
 SETTINGS = config.load()
 CONTINUOUS = SETTINGS.streaming_mode == "continuous"
-PRODUCES = ("bronze.ad_events", "silver.ad_events", "gold.campaign_stats",
-            "gold.ad_attribution")
+PRODUCES = registry.published()
 
 
 @dag(

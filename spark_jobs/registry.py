@@ -150,3 +150,13 @@ def query_names(layer: str | None = None) -> tuple[str, ...]:
 
 
 LAYERS: tuple[str, ...] = tuple(dict.fromkeys(table.layer for table in streams()))
+# What a reprocess rebuilds from bronze, in this order.
+REPROCESSED_LAYERS: tuple[str, ...] = ("silver", "gold")
+
+
+def published(layers: tuple[str, ...] = LAYERS) -> tuple[str, ...]:
+    """The data tables streams write under their own name, of ``layers``: what the DAGs
+    declare as the assets they update (streams: every layer; a reprocess: the layers it
+    rebuilds) and what a new version of sets validation off."""
+    return tuple(table.name for table in streams()
+                 if table.kind == "data" and table.layer in layers)

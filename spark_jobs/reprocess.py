@@ -18,20 +18,21 @@ table rebuilds itself (its module's ``rebuild``), and this module orders them.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
-from spark_jobs import checkpoints, delta_reader
+from spark_jobs import checkpoints, delta_reader, registry
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings, parse_choices
 from spark_jobs.dates import DateRange
 from spark_jobs.delta_writes import fully_read_before, retry_on_conflict
-from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.gold import writer as gold_writer
 from spark_jobs.ops import gold_rebuilds, late_data
 from spark_jobs.progress import SILENT, Steps
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LAYERS = ("silver", "gold")
+LAYERS = registry.REPROCESSED_LAYERS
 
 
 class ReprocessError(ValueError):
@@ -326,34 +327,43 @@ def replay_quarantine(spark: SparkSession, settings: Settings, rules: Rules,
 
 def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_run: bool
                  ) -> list[Change]:
-    """Gold's windows and clicks of ``days`` recomputed from one snapshot of silver; the
-    late-data ledger's entries for those dates marked repaired."""
+    """Every gold table's rows of ``days`` recomputed from one snapshot of silver (each
+    table's module's ``rebuild``); the late-data ledger's entries for those dates marked
+    repaired."""
     # Before silver is read: a ledger entry recorded earlier is of an event the snapshot
     # holds, which the rebuild counts.
     started = datetime.now(UTC).replace(tzinfo=None)
     events, version = _read_pinned(spark, settings, silver.TABLE)
+    recorded = False
 
     def record_rebuild() -> None:
-        ensure_table(spark, settings, gold_rebuilds.TABLE)
-        gold_rebuilds.record(spark, settings, days.days, version)
+        nonlocal recorded
+        if not recorded:
+            ensure_table(spark, settings, gold_rebuilds.TABLE)
+            gold_rebuilds.record(spark, settings, days.days, version)
+            recorded = True
 
     # A retry per table's commit, each from the snapshot pinned above, so that every commit
     # stands for silver at ``version`` however often one was retried. The record of the
-    # rebuild is the windows' ``before_write``, inside their retry: a gold batch drops the
-    # events a rebuilt date held at the recorded version, so the record must name the
-    # version the windows were counted from, and precede their replace. The gold batches
-    # wait for all three commits, not for each (``gold.writer``).
+    # rebuild is written once, just before the first table's replace, inside its retry: a
+    # gold batch drops the events a rebuilt date held at the recorded version, so the record
+    # must name the version gold was counted from, and precede every replace. The gold
+    # batches wait for the whole rebuild, not for each commit (``gold.writer``).
     what = f"gold rebuild of {days}"
     return [
-        retry_on_conflict(lambda: campaign_stats.rebuild(spark, settings, events, days,
-                                                         dry_run, record_rebuild),
-                          f"{what}: {campaign_stats.TABLE.name}"),
-        retry_on_conflict(lambda: ad_attribution.rebuild(spark, settings, events, days,
-                                                         dry_run),
-                          f"{what}: {ad_attribution.TABLE.name}"),
+        *(retry_on_conflict(lambda table=table: table.rebuild(spark, settings, events, days,
+                                                              dry_run, record_rebuild),
+                            f"{what}: {table.TABLE.name}")
+          for table in _gold_tables()),
         retry_on_conflict(lambda: late_data.repair(spark, settings, days, started, dry_run),
                           f"{what}: {late_data.TABLE.name}"),
     ]
+
+
+def _gold_tables() -> list[ModuleType]:
+    """The gold tables' modules, in the registry's order."""
+    return [importlib.import_module(table.module)
+            for table in registry.streams() if table.layer == "gold"]
 
 
 def parse_layers(text: str | None) -> list[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import delta_reader
+from spark_jobs import delta_reader, registry
 from spark_jobs.airflow_env import environment
 from spark_jobs.config import PROJECT_DIR
 from spark_jobs.ops import heartbeat
@@ -65,8 +65,11 @@ print(json.dumps({
                            for now in unpaused_at},
         "tasks": {task.task_id: {"retries": task.retries,
                                  "timeout": bool(task.execution_timeout),
-                                 "max_active_tis_per_dag": task.max_active_tis_per_dag}
-                  for task in dag.tasks}}
+                                 "max_active_tis_per_dag": task.max_active_tis_per_dag,
+                                 "outlets": [asset.name for asset in task.outlets]}
+                  for task in dag.tasks},
+        "updated_by": sorted(asset.name for asset in getattr(
+            getattr(dag.timetable, "asset_condition", None), "objects", ()))}
         for dag_id, dag in bag.dags.items()}}))
 """
 
@@ -131,6 +134,13 @@ def test_every_dag_parses_with_retries_timeouts_tags_and_docs(tmp_path, mode) ->
         "lakehouse_streaming": 1, "lakehouse_quality": 1, "lakehouse_maintenance": 1,
         "lakehouse_reprocess": 2}
     assert rebuilds_at_once(report) == {"replay_quarantine": 2, "rebuild_dates": 2}
+    # The assets each producer updates, and those that start a validation, are the
+    # registry's published tables (test_registry names them).
+    tasks = {dag_id: dag["tasks"] for dag_id, dag in report["dags"].items()}
+    assert tasks["lakehouse_streaming"]["run_streams"]["outlets"] == list(registry.published())
+    rebuilt = list(registry.published(registry.REPROCESSED_LAYERS))
+    assert tasks["lakehouse_reprocess"]["rebuild_dates"]["outlets"] == rebuilt
+    assert report["dags"]["lakehouse_quality"]["updated_by"] == sorted(rebuilt)
 
 
 def test_periodic_dags_wait_for_their_time_when_unpaused(tmp_path) -> None:

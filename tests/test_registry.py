@@ -3,13 +3,14 @@
 table of tables agree with it."""
 
 import importlib
+import inspect
 import pkgutil
 import re
 import subprocess
 import sys
 
 import spark_jobs
-from spark_jobs import datasets, maintenance, registry, reset, streaming
+from spark_jobs import datasets, maintenance, registry, reprocess, reset, streaming
 from spark_jobs.config import PROJECT_DIR
 from spark_jobs.tables import TableSpec
 
@@ -80,6 +81,22 @@ def test_streams_are_started_shown_and_reset_as_the_registry_says() -> None:
     assert {layer: [t.name for t in tables] for layer, tables in reset.TABLES.items()} == {
         "silver": ["silver.ad_events", "silver.quarantine", "silver.ad_campaigns"],
         "gold": ["gold.campaign_stats", "gold.ad_attribution", "ops.gold_rebuilds"]}
+
+
+def test_the_dags_assets_and_the_gold_rebuild_follow_the_registry() -> None:
+    # The streams publish each layer's data tables (not the quarantine, written beside
+    # silver, nor the campaign mapping, reference data); a reprocess rebuilds silver's and
+    # gold's, the same ones whose update starts a validation.
+    assert registry.published() == ("bronze.ad_events", "silver.ad_events",
+                                    "gold.campaign_stats", "gold.ad_attribution")
+    assert registry.published(registry.REPROCESSED_LAYERS) == (
+        "silver.ad_events", "gold.campaign_stats", "gold.ad_attribution")
+    # Every gold table rebuilds itself, with the one signature the reprocess calls.
+    rebuilt = reprocess._gold_tables()
+    assert [module.TABLE.name for module in rebuilt] == ["gold.campaign_stats",
+                                                        "gold.ad_attribution"]
+    assert {tuple(inspect.signature(module.rebuild).parameters) for module in rebuilt} == {
+        ("spark", "settings", "events", "days", "dry_run", "before_write")}
 
 
 def test_the_shipped_suites_are_the_registry_s() -> None:

@@ -36,6 +36,8 @@ from spark_jobs.silver import ad_events as silver
 from spark_jobs.tables import TableSpec, ensure_table
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -136,9 +138,9 @@ def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int,
 
 
 def rebuild(spark: SparkSession, settings: Settings, events: DataFrame, days: DateRange,
-            dry_run: bool) -> Change:
+            dry_run: bool, before_write: Callable[[], None]) -> Change:
     """Replace the clicks of ``days`` with ``ad_attribution`` over ``events`` (silver at one
-    version) where they differ."""
+    version) where they differ; ``before_write`` runs just before the replace commits."""
     # A click's view may be up to the gap earlier, on the day before the range.
     gap = timedelta(seconds=interval_seconds(settings.attribution_max_gap))
     earliest = (datetime.combine(days.first, datetime.min.time()) - gap).date()
@@ -146,7 +148,8 @@ def rebuild(spark: SparkSession, settings: Settings, events: DataFrame, days: Da
         events.where(F.col("event_date").between(F.lit(earliest), F.lit(days.last))),
         settings.attribution_max_gap).where(days.holds("click_date"))
     return rebuild_range(spark, settings, TABLE, attributions, days.holds("click_date"),
-                         F.col("click_date"), days.date_predicate("click_date"), dry_run)
+                         F.col("click_date"), days.date_predicate("click_date"), dry_run,
+                         before_write)
 
 
 def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]

@@ -1,8 +1,8 @@
 """One writer of gold at a time: the driver running the gold streams, or else a reprocess;
 and in that driver, a rebuild never beside a gold micro-batch.
 
-A gold rebuild replaces a range of ``gold.campaign_stats`` and ``gold.ad_attribution`` with
-what silver held at one version V. Beside a live gold stream in another process, two races
+A gold rebuild replaces a range of every gold table (``reprocess.rebuild_gold``) with what
+silver held at one version V. Beside a live gold stream in another process, two races
 are invisible to Delta's conflict checks, because each transaction starts from a snapshot
 that already holds the other's commit:
 
