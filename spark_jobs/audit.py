@@ -14,15 +14,14 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
+from spark_jobs import delta_reader
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
-from spark_jobs.delta_writes import read_position
 from spark_jobs.expected_counts import ExpectedCounts
 from spark_jobs.ops import late_data, stream_progress
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
-from spark_jobs.storage import lake_path
 from spark_jobs.tables import TableSpec, local_rows
 
 if TYPE_CHECKING:
@@ -97,23 +96,23 @@ def account(spark: SparkSession, settings: Settings, expected_file: Path | None 
     finally:
         for frame in (bronze_rows, silver_rows, quarantined):
             frame.unpersist()
-    accounting.in_flight = _in_flight(spark, settings)
     accounting.late_data = late_by_date(spark, settings)
     accounting.streams = [_printable(row) for row in
                           stream_progress.latest_per_stream(spark, settings)]
+    accounting.in_flight = _in_flight(settings, accounting.streams)
     if expected_file is not None:
         accounting.expected = compare_with_expected(accounting, expected_file)
     return accounting
 
 
-def _in_flight(spark: SparkSession, settings: Settings) -> dict[str, object]:
-    from delta.tables import DeltaTable
-
+def _in_flight(settings: Settings, streams: list[dict[str, object]]) -> dict[str, object]:
+    """Whether silver's stream had read all of bronze, by its last batch's progress."""
     path = bronze.TABLE.path(settings)
-    if not (lake_path(path) / "_delta_log").exists():
+    if not delta_reader.is_delta_table(path):
         return {}
-    latest = DeltaTable.forPath(spark, path).history(1).first().version
-    read_up_to = read_position(settings.checkpoint(silver.QUERY_NAME))
+    latest = delta_reader.latest_version(path)
+    read_up_to = next((row.get("source_read_before") for row in streams
+                       if row["query_name"] == silver.QUERY_NAME), None)
     return {"bronze_latest_version": latest,
             "silver_read_bronze_before_version": read_up_to,
             "silver_caught_up": read_up_to is not None and read_up_to > latest}

@@ -34,6 +34,11 @@ def read_arrow(path: str | Path, columns: Sequence[str] | None = None) -> pa.Tab
     return read_arrow_sql(path, f"SELECT {selected} FROM snapshot")
 
 
+def column_names(path: str | Path) -> list[str]:
+    """The table's columns, in its current schema."""
+    return [column.name for column in _table(path).schema().fields]
+
+
 def count_rows(path: str | Path) -> int:
     """How many rows the table's current snapshot holds."""
     return int(read_arrow_sql(path, "SELECT count(*) AS n FROM snapshot").column("n")[0].as_py())

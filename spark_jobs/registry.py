@@ -127,7 +127,8 @@ TABLES: dict[str, Table] = _by_name(
     Table(name="ops.stream_progress", kind="ops",
           grain="one row per micro-batch of every stream: input records (bronze counts "
                 "lines, not the files it reads whole; a join counts silver once, not once "
-                "per side), rates in records per second, duration, watermark, state rows"),
+                "per side), rates in records per second, duration, watermark, state rows, the "
+                "Delta source version read up to"),
     Table(name="quality.results", kind="ops",
           grain="one row per expectation evaluated in a validation run: suite, severity, "
                 "outcome, unexpected count, observed sample, dates, Data Docs page"),

@@ -3,6 +3,8 @@
 import pytest
 from pyspark.sql import functions as F
 
+from spark_jobs import delta_reader
+from spark_jobs.audit import account
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import late_data, stream_progress
@@ -61,6 +63,12 @@ def test_streaming_gold_equals_batch_except_the_ledger_windows(spark, tmp_path) 
 
     audit = run_lakehouse("audit", "--root", str(root), "--expected")
     assert audit.returncode == 0, audit.stdout + audit.stderr[-2000:]
+    # Silver's last batch had read all of bronze, as Spark reported it (its progress row),
+    # so nothing is in flight.
+    in_flight = account(spark, settings).in_flight
+    assert in_flight == {"bronze_latest_version": delta_reader.latest_version(
+        bronze.TABLE.path(settings)), "silver_read_bronze_before_version":
+        in_flight["bronze_latest_version"] + 1, "silver_caught_up": True}
 
     # The progress table counts records: each stream read every row of its input once
     # (bronze counts lines, not files; the attribution join reads silver once per side but

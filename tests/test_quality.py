@@ -20,7 +20,7 @@ from spark_jobs.config import ConfigError, interval_seconds
 from spark_jobs.datasets import TABLES
 from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import ad_attribution, campaign_stats, watermark
-from spark_jobs.ops import late_data
+from spark_jobs.ops import late_data, stream_progress
 from spark_jobs.quality import plots, report, results, suites
 from spark_jobs.quality.validate import gold_cut, validate
 from spark_jobs.silver import ad_events as silver
@@ -136,6 +136,16 @@ def test_a_gold_batch_during_the_validation_does_not_skew_the_reconciliation(
     streaming.run_available_now(spark, settings, ["gold"])
     cut = gold_cut(settings)
     assert cut.batch_id is not None and cut.silver_version is not None
+    # What the cut's batch read is Spark's report of it, recorded in ops.stream_progress:
+    # the whole of silver, which the available-now batch read. A batch its driver never got
+    # to record (killed first) is found in the query's offset log, at the same version.
+    recorded = stream_progress.read_position(settings, cut.query_id, cut.batch_id)
+    assert recorded == cut.silver_version + 1 == delta_reader.latest_version(
+        silver.TABLE.path(settings)) + 1
+    spark.sql(f"DELETE FROM delta.`{stream_progress.TABLE.path(settings)}` "
+              f"WHERE query_id = '{cut.query_id}' AND batch_id = {cut.batch_id}")
+    assert stream_progress.read_position(settings, cut.query_id, cut.batch_id) is None
+    assert gold_cut(settings) == cut
     ledger = spark.read.format("delta").load(late_data.TABLE.path(settings))
     assert ledger.where(F.col("batch_id") == cut.batch_id).count() > 0
     # The stream's next batch, after the cut: two events of the newest window, which it

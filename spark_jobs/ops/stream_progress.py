@@ -1,12 +1,16 @@
 """``ops.stream_progress``: one row per completed micro-batch of every stream.
 
 Grain: one row per (query run, batch id). Written by the stream runner every few seconds
-and when a stream ends; read by the audit and the stream health view.
+and when a stream ends; read by the audit, the validation's cut of gold and the stream
+health view. What a batch read up to is Spark's own report (its sources' end offsets), not
+the checkpoint's files.
 """
 
 from __future__ import annotations
 
+import json
 import threading
+import uuid
 from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -20,6 +24,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from spark_jobs import delta_reader
 from spark_jobs.bronze.ad_events import RECORDS_METRIC
 from spark_jobs.config import Settings
 from spark_jobs.tables import TableSpec, ensure_table, local_rows
@@ -27,7 +32,7 @@ from spark_jobs.tables import TableSpec, ensure_table, local_rows
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
-    from pyspark.sql.streaming.listener import StreamingQueryProgress
+    from pyspark.sql.streaming.listener import SourceProgress, StreamingQueryProgress
 
 SCHEMA = StructType([
     StructField("query_name", StringType(), False),
@@ -41,6 +46,12 @@ SCHEMA = StructType([
     StructField("watermark", TimestampType()),
     StructField("state_rows", LongType()),
     StructField("rows_dropped_by_watermark", LongType()),
+    # Added later: NULL in rows recorded before. The query's id, which its checkpoint keeps
+    # across runs (batch ids restart from 0 only with a new checkpoint, and a new id).
+    StructField("query_id", StringType()),
+    # The version of its Delta source the batch had read up to, exclusive (its sources' end
+    # offset as Spark reports it); NULL for the landing zone or Kafka.
+    StructField("source_read_before", LongType()),
 ])
 
 TABLE = TableSpec.declared("ops.stream_progress", SCHEMA)
@@ -97,8 +108,9 @@ class ProgressRecorder:
         rows, self._rows = self._rows, []
         if rows:
             ensure_table(spark, settings, TABLE)
+            # A table recorded before the later columns gains them.
             (local_rows(spark, rows, SCHEMA).write.format("delta").mode("append")
-                .save(TABLE.path(settings)))
+                .option("mergeSchema", "true").save(TABLE.path(settings)))
         return len(rows)
 
 
@@ -126,7 +138,48 @@ def _row(progress: StreamingQueryProgress) -> tuple[object, ...]:
         or _applied_watermark(progress),
         sum(op.numRowsTotal for op in operators) if operators else None,
         sum(op.numRowsDroppedByWatermark for op in operators) if operators else None,
+        str(progress.id),
+        _source_read_before(progress),
     )
+
+
+def _source_read_before(progress: StreamingQueryProgress) -> int | None:
+    """Where the batch's Delta source stood after it; a join reads one table on both
+    sides, the further side counts."""
+    positions = [position for position in map(_read_before, progress.sources)
+                 if position is not None]
+    return max(positions, default=None)
+
+
+def _read_before(source: SourceProgress) -> int | None:
+    """The Delta source version read up to, exclusive, from the end offset Spark reported
+    (``reservoirVersion`` with the ``index`` of the last file read in it, -1 for none: a
+    version is counted read once any of its files is); None for another kind of source."""
+    try:
+        offset = json.loads(source.endOffset or "null")
+    except ValueError:
+        return None
+    if not isinstance(offset, dict) or "reservoirVersion" not in offset:
+        return None
+    return int(offset["reservoirVersion"]) + (1 if offset["index"] >= 0 else 0)
+
+
+def read_position(settings: Settings, query_id: str, batch_id: int | None = None
+                  ) -> int | None:
+    """The version of its Delta source the query ``query_id`` had read up to (exclusive)
+    after batch ``batch_id`` (default: its latest recorded batch); None until the runner
+    has recorded that batch."""
+    path = TABLE.path(settings)
+    if not delta_reader.is_delta_table(path) or "source_read_before" not in \
+            delta_reader.column_names(path):
+        return None
+    # query_id is Spark's UUID, batch_id an int: nothing a user typed reaches the SQL.
+    wanted = f"batch_id = {int(batch_id)}" if batch_id is not None else "TRUE"
+    rows = delta_reader.read_arrow_sql(path, f"""
+        SELECT source_read_before FROM snapshot
+        WHERE query_id = '{uuid.UUID(query_id)}' AND {wanted}
+        ORDER BY batch_id DESC LIMIT 1""").to_pylist()
+    return rows[0]["source_read_before"] if rows else None
 
 
 def _rescaled(rate: float | None, records: int, counted: int) -> float | None:

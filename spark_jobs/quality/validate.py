@@ -24,7 +24,7 @@ from spark_jobs.config import Settings
 from spark_jobs.datasets import DATA_TABLES, REFERENCE_TABLES
 from spark_jobs.delta_writes import query_id, read_position
 from spark_jobs.gold import campaign_stats, watermark
-from spark_jobs.ops import late_data
+from spark_jobs.ops import late_data, stream_progress
 from spark_jobs.progress import SILENT, Steps
 from spark_jobs.quality import results, suites
 from spark_jobs.quality.results import Result
@@ -201,10 +201,20 @@ def gold_cut(settings: Settings) -> GoldCut:
     latest = watermark.latest_committed(gold, query, version=version)
     if batch is None:
         return GoldCut(version, query, ledger_version=ledger, latest_event_time=latest)
-    # Batch ``batch`` read silver up to this version, exclusive.
-    position = read_position(checkpoint, batch)
+    position = _read_position(settings, checkpoint, query, batch)
     return GoldCut(version, query, batch, None if position is None else max(position - 1, 0),
                    ledger, latest)
+
+
+def _read_position(settings: Settings, checkpoint: str, query: str, batch: int) -> int | None:
+    """The silver version gold's batch ``batch`` read up to, exclusive, as Spark reported
+    it (``ops.stream_progress``).
+
+    The runner records a batch's progress a few seconds after it, and a driver killed in
+    between never does: such a batch is looked up in the query's log of offsets, which
+    Spark writes before it runs the batch."""
+    recorded = stream_progress.read_position(settings, query, batch)
+    return recorded if recorded is not None else read_position(checkpoint, batch)
 
 
 def snapshot(spark: SparkSession, settings: Settings, suite: Suite, first: date | None,
