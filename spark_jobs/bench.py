@@ -43,12 +43,13 @@ from spark_jobs import (
     gold_growth_bench,
     growth_bench,
     landing_bench,
+    landing_feed,
     pipeline_bench,
     progress,
     startup_bench,
 )
+from spark_jobs.config import Settings
 from spark_jobs.expected_counts import ExpectedCounts
-from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import campaign_stats
 from spark_jobs.maintenance import optimize
 from spark_jobs.session import build_spark
@@ -166,14 +167,13 @@ def render(results: dict) -> str:
     return "\n".join(lines)
 
 
-def corpus(root: Path, events: int) -> int:
-    """A day of messy events (the generator's default mess) in ``root``; records delivered."""
-    request = GenerateRequest(events=events, seed=7, start=datetime.now(UTC), mess=Mess(),
-                              events_per_file=20_000, span=timedelta(days=1))
-    shutil.rmtree(root, ignore_errors=True)
-    counts = generate(request, root / "events", root / "campaigns",
-                      root / "expected_counts.json")
-    return counts.delivered
+def corpus(generated: Settings, events: int) -> int:
+    """A day of messy events (the generator's default mess) generated into the fresh root
+    of ``generated``; the records delivered."""
+    shutil.rmtree(generated.root, ignore_errors=True)
+    counts = landing_feed.generate(generated.root, "--events", str(events), "--seed", "7",
+                                   "--events-per-file", "20000", "--span", "1 day")
+    return int(counts["delivered"])
 
 
 def _feed_start_rate(results: dict[str, object]) -> int:
@@ -222,23 +222,25 @@ def main() -> None:
     # One batch per layer, as a backlog is caught up; the project's settings otherwise.
     settings = config.load({"root": root / "lake", "max_files_per_trigger": 100_000})
     spark = build_spark(settings, app_name="lakehouse-bench")
+    # The messy corpus the pipeline and declarative parts share: a generated landing zone.
+    generated = settings.replace(root=root / "corpus")
     results: dict[str, object] = {
         "machine": machine(), "at": datetime.now(UTC).isoformat(timespec="seconds")}
     try:
         with progress.steps(progress.wanted()) as steps:
             if "pipeline" in parts:
                 steps.start(f"pipeline: {args.events:,} events, {args.repetitions} repetitions")
-                records = corpus(root / "corpus", args.events)
-                results["pipeline"] = pipeline_bench.run(spark, settings, root / "corpus",
-                                                         records, args.repetitions)
+                records = corpus(generated, args.events)
+                results["pipeline"] = pipeline_bench.run(
+                    spark, settings, generated.landing_dir, records, args.repetitions)
             if "declarative" in parts:
                 steps.start(f"declarative: the lakehouse against a plain declarative pipeline, "
                             f"{args.repetitions} repetitions")
-                made = ExpectedCounts.load(root / "corpus" / "expected_counts.json")
+                made = ExpectedCounts.load(generated.expected_counts_file)
                 if made.delivered != args.events:  # none yet, or another size
-                    corpus(root / "corpus", args.events)
+                    corpus(generated, args.events)
                 results["declarative"] = declarative_bench.run(
-                    settings, root / "corpus", root / "declarative", args.repetitions)
+                    settings, generated.landing_dir, root / "declarative", args.repetitions)
             if "feed" in parts:
                 steps.start("feed: sustained rate and latency")
                 # The project's own settings (trigger, files per trigger), as make run has.

@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spark_jobs import landing_feed
 from spark_jobs.config import console_script
 from spark_jobs.faults import CRASH_AT_VARIABLE, parse
 
@@ -237,24 +238,22 @@ def deal_fault(settings: Settings, options: ChaosOptions, crash_at: str | None,
 
 
 class Feed:
-    """The generator writing a file of ``rate`` events every second, in a thread."""
+    """``lakehouse generate`` writing a file of ``rate`` events every second."""
 
-    def __init__(self, settings: Settings, options: ChaosOptions) -> None:
-        from spark_jobs.generator import GenerateRequest, Mess, generate, rules_of
+    def __init__(self, settings: Settings, options: ChaosOptions, log_file: Path) -> None:
+        mess = [option for name, share in MESS.items()
+                for option in (f"--{name.replace('_', '-')}", str(share))]
+        with log_file.open("ab") as log:
+            self._process = landing_feed.start_feed(settings.root, options.rate,
+                                                    "--seed", str(options.seed), *mess,
+                                                    log=log)
 
-        request = GenerateRequest(events=0, seed=options.seed, start=datetime.now(UTC),
-                                  mess=Mess(**MESS), rate=options.rate, **rules_of(settings))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=generate, name="chaos-feed", daemon=True,
-            args=(request, settings.landing_events, settings.landing_campaigns,
-                  settings.expected_counts_file),
-            kwargs={"should_stop": self._stop.is_set})
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
+    def stop(self) -> int:
+        """Stopped as Ctrl-C stops it, the file under way finished and counted; its exit
+        status."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGTERM)
+        return self._process.wait(timeout=60)
 
 
 class Fire:
@@ -482,14 +481,14 @@ def run(settings: Settings, options: ChaosOptions) -> ChaosReport:
     log_dir.mkdir(parents=True, exist_ok=True)
     driver_log = log_dir / "chaos-driver.log"
     report = ChaosReport()
-    feed = Feed(settings, options)
+    feed = Feed(settings, options, log_dir / "chaos-feed.log")
     fire = Fire(settings, log_dir / "chaos-jobs.log") if options.under_fire else None
     try:
         for number in range(options.faults):
             crash_at = SCHEDULE[number % len(SCHEDULE)]
             report.faults.append(deal_fault(settings, options, crash_at, rng, driver_log))
     finally:
-        feed.stop()
+        report.checks["the feed ran until stopped"] = feed.stop() == 0
         if fire is not None:
             report.jobs = fire.stop()
             report.checks["every maintenance and reprocess run succeeded (one retry)"] = all(

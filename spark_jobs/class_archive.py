@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from spark_jobs.config import Settings
@@ -47,16 +46,13 @@ def build(settings: Settings, target: Path) -> None:
     """Run every layer over a few hundred generated events in a JVM that writes the classes
     it loaded to ``target`` as it exits."""
     from spark_jobs import streaming
-    from spark_jobs.generator import GenerateRequest, Mess, generate
+    from spark_jobs.landing_feed import generate
     from spark_jobs.session import build_spark
 
     with tempfile.TemporaryDirectory(prefix="lakehouse-classes-") as scratch:
         root = Path(scratch) / "lake"
         training = settings.replace(root=root)
-        generate(GenerateRequest(events=400, seed=1, start=datetime.now(UTC), mess=Mess(),
-                                 events_per_file=100, span=timedelta(hours=2)),
-                 training.landing_events, training.landing_campaigns,
-                 training.expected_counts_file)
+        generate(root, "--events", "400", "--events-per-file", "100", "--span", "2 hours")
         partial = target.with_suffix(".partial")
         partial.unlink(missing_ok=True)
         spark = build_spark(training, app_name="lakehouse-class-archive",

@@ -7,6 +7,7 @@ argument errors answer at once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -95,8 +96,9 @@ def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
 
     mess_fields = Mess.__dataclass_fields__
     try:
-        mess = Mess(**{name: getattr(args, name) for name in mess_fields
-                       if getattr(args, name) is not None})
+        mess = dataclasses.replace(Mess.clean() if args.clean else Mess(),
+                                   **{name: getattr(args, name) for name in mess_fields
+                                      if getattr(args, name) is not None})
     except ValueError as error:
         raise UsageError(str(error)) from None
     request = GenerateRequest(
@@ -468,6 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "--start, e.g. '1 day' (default: all at --start)")
     generate.add_argument("--rate", type=positive_number,
                           help="events per second, generated until interrupted")
+    generate.add_argument("--clean", action="store_true",
+                          help="no mess: every share below is 0 unless given")
     from spark_jobs.generator import Mess
     for name, mess_field in Mess.__dataclass_fields__.items():
         generate.add_argument(f"--{name.replace('_', '-')}", type=share, dest=name,

@@ -192,18 +192,24 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
 
     # Layout of the root: one place, so every job and test agrees on it.
     @property
+    def landing_dir(self) -> Path:
+        """The file landing zone: events, campaign mappings, the generator's expected
+        counts."""
+        return self.root / "landing"
+
+    @property
     def landing_events(self) -> Path:
-        return self.root / "landing" / "events"
+        return self.landing_dir / "events"
 
     @property
     def landing_campaigns(self) -> Path:
-        return self.root / "landing" / "campaigns"
+        return self.landing_dir / "campaigns"
 
     @property
     def landing_archive(self) -> Path:
         """Where bronze moves the landing zone's event files it has ingested
         (``landing_cleanup = "archive"``), each under its own path."""
-        return self.root / "landing" / "archive"
+        return self.landing_dir / "archive"
 
     @property
     def tables_dir(self) -> Path:
@@ -219,7 +225,7 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
 
     @property
     def expected_counts_file(self) -> Path:
-        return self.root / "landing" / "expected_counts.json"
+        return self.landing_dir / "expected_counts.json"
 
     def table_path(self, relative: str) -> str:
         return str(self.tables_dir / relative)

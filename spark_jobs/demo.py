@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from spark_jobs import airflow_standalone, registry
+from spark_jobs import airflow_standalone, landing_feed, registry
 from spark_jobs.airflow_env import environment
 from spark_jobs.config import LOOPBACK, Settings, console_script
 
@@ -102,10 +102,8 @@ def run(settings: Settings, options: DemoOptions) -> int:
     airflow = subprocess.Popen([sys.executable, "-m", airflow_standalone.MODULE], env=env,
                                stdout=(log_dir / "airflow-standalone.log").open("ab"),
                                stderr=subprocess.STDOUT, start_new_session=True)
-    feed = subprocess.Popen([console_script("lakehouse"), "generate", "--root", str(settings.root),
-                             "--rate", f"{options.rate:g}"], env=env,
-                            stdout=(log_dir / "demo-feed.log").open("ab"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    feed = landing_feed.start_feed(settings.root, options.rate, env=env,
+                                   log=(log_dir / "demo-feed.log").open("ab"))
     status = 0
     try:
         print(f"starting Airflow (log: {log_dir / 'airflow-standalone.log'}) ...", flush=True)

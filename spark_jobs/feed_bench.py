@@ -30,7 +30,6 @@ and generating costs the machine nothing while it is measured.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import shutil
@@ -46,9 +45,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from spark_jobs import delta_reader, streaming
+from spark_jobs import delta_reader, landing_feed, streaming
 from spark_jobs.config import Settings
-from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.gold import campaign_stats
 from spark_jobs.ops import heartbeat, stream_progress
 
@@ -61,7 +59,6 @@ MAX_SLOPE = 0.05  # seconds of latency gained per second of feed
 WARM_UP_SECONDS = 60
 STEP_UP, STEP_DOWN = 1.25, 0.8
 POLL_SECONDS = 0.25
-CLEAN = Mess(**{knob.name: 0.0 for knob in dataclasses.fields(Mess)})
 
 
 @dataclass(frozen=True)
@@ -74,18 +71,18 @@ class Pool:
     file_events: int
 
 
-def clean_pool(folder: Path, rate: int, seconds: int) -> Pool:
-    """``seconds`` files of ``rate`` clean events, written by the generator itself; file
-    ``n`` holds the events of second ``n`` from now."""
-    shutil.rmtree(folder, ignore_errors=True)
-    events, campaigns = folder / "events", folder / "campaigns"
-    # Event time spread over the span ending at ``start``: one second per file from now.
-    generate(GenerateRequest(events=rate * seconds, seed=13, mess=CLEAN,
-                             start=datetime.now(UTC) + timedelta(seconds=seconds),
-                             span=timedelta(seconds=seconds), events_per_file=rate),
-             events, campaigns, folder / "expected.json")
+def clean_pool(generated: Settings, rate: int, seconds: int) -> Pool:
+    """``seconds`` files of ``rate`` clean events, written by ``lakehouse generate`` into the
+    fresh root of ``generated``; file ``n`` holds the events of second ``n`` from now."""
+    shutil.rmtree(generated.root, ignore_errors=True)
+    # Event time spread over the span ending at ``--start``: one second per file from now.
+    start = datetime.now(UTC) + timedelta(seconds=seconds)
+    landing_feed.generate(generated.root, "--clean", "--events", str(rate * seconds),
+                          "--seed", "13", "--start", start.isoformat(),
+                          "--span", f"{seconds} seconds", "--events-per-file", str(rate))
     # The generator numbers its files in writing order.
-    return Pool(sorted(events.iterdir()), sorted(campaigns.iterdir()), rate)
+    return Pool(sorted(generated.landing_events.iterdir()),
+                sorted(generated.landing_campaigns.iterdir()), rate)
 
 
 @dataclass
@@ -146,7 +143,7 @@ def _percentile(values: list[float], share: float) -> float:
 def trial(spark: SparkSession, settings: Settings, scratch: Path, rate: int,
           seconds: int) -> dict[str, Any]:
     """``rate`` events a second for ``seconds`` on a fresh root, every layer streaming."""
-    pool = clean_pool(scratch / "pool", rate, seconds)
+    pool = clean_pool(settings.replace(root=scratch / "pool"), rate, seconds)
     # A root of its own: a stopped query's background work (RocksDB's snapshot upload)
     # can still write into its checkpoint after the stop, which a reused root would then
     # hold on the next trial's batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY).

@@ -19,9 +19,10 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from spark_jobs import reasons, storage
+from spark_jobs import reasons
 from spark_jobs.expected_counts import ExpectedCounts
 from spark_jobs.progress import SILENT, Steps
+from spark_jobs.storage import write_atomically
 
 if TYPE_CHECKING:
     from confluent_kafka import Producer
@@ -55,6 +56,11 @@ class Mess:
     gzip_files: float = 0.3
     crlf_files: float = 0.1
     bom_files: float = 0.1
+
+    @classmethod
+    def clean(cls) -> Mess:
+        """No mess at all: every record valid and distinct, every file plain."""
+        return cls(**{name: 0.0 for name in cls.__dataclass_fields__})
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -305,16 +311,6 @@ class EventGenerator:
     def next_file_name(self, prefix: str) -> str:
         self._sequence += 1
         return f"{prefix}-{self._sequence:06d}-{self._uuid()[:8]}"
-
-
-def write_atomically(directory: Path, name: str, content: bytes) -> Path:
-    """Write under a hidden name, then rename: readers see the whole file or nothing."""
-    directory.mkdir(parents=True, exist_ok=True)
-    hidden = directory / f".{name}.tmp"
-    hidden.write_bytes(content)
-    final = directory / name
-    storage.replace(hidden, final)
-    return final
 
 
 @dataclass(frozen=True)

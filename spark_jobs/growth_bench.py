@@ -22,15 +22,14 @@ import statistics
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from spark_jobs import landing_feed
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
-from spark_jobs.generator import GenerateRequest, Mess, generate
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from spark_jobs.tables import ensure_table
@@ -65,14 +64,13 @@ def silver_rows(spark: SparkSession, first: int, count: int, start: datetime,
         F.lit("file").alias("source"), when.alias("ingested_at"))
 
 
-def bronze_batch(spark: SparkSession, folder: Path, events: int) -> DataFrame:
-    """A minute of a steady feed, landed as one file, as bronze rows: the silver stream's
-    micro-batch input."""
-    request = GenerateRequest(events=events, seed=11, start=datetime.now(UTC), mess=Mess(),
-                              events_per_file=events, span=timedelta(minutes=1))
-    shutil.rmtree(folder, ignore_errors=True)
-    generate(request, folder / "events", folder / "campaigns", folder / "expected.json")
-    files = (spark.read.option("wholetext", "true").text(str(folder / "events"))
+def bronze_batch(spark: SparkSession, generated: Settings, events: int) -> DataFrame:
+    """A minute of a steady feed, landed as one file in the fresh root of ``generated``,
+    as bronze rows: the silver stream's micro-batch input."""
+    shutil.rmtree(generated.root, ignore_errors=True)
+    landing_feed.generate(generated.root, "--events", str(events), "--seed", "11",
+                          "--events-per-file", str(events), "--span", "1 minute")
+    files = (spark.read.option("wholetext", "true").text(str(generated.landing_events))
              .select("value", F.col("_metadata.file_path").alias("file_path")))
     return bronze.lines_from_files(files)
 
@@ -106,7 +104,8 @@ def _timed_batch(spark: SparkSession, settings: Settings, batch: DataFrame,
 
 def run(spark: SparkSession, settings: Settings, rows: int, repetitions: int,
         batch_events: int = 20_000) -> dict[str, Any]:
-    batch = bronze_batch(spark, settings.root.parent / "growth-batch", batch_events).cache()
+    batch = bronze_batch(spark, settings.replace(root=settings.root.parent / "growth-batch"),
+                         batch_events).cache()
     records = batch.count()
     now = datetime.now(UTC) - timedelta(minutes=2)  # the seeded rows end before the batch
     shapes = {

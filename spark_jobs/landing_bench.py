@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
-from spark_jobs.generator import write_atomically
+from spark_jobs.storage import write_atomically
 
 MODES = ("archive", "off")
 RECORD = b'{"event_id":"e","event_time":"2026-11-27T00:00:00Z","event_type":"view","ad_id":"a"}\n'

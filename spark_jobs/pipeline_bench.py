@@ -85,7 +85,7 @@ def _link_tree(source: Path, target: Path) -> None:
 def pipeline(spark: SparkSession, settings: Settings, corpus: Path) -> dict[str, Any]:
     """Every layer over the corpus on a fresh root; rates per layer from its progress."""
     shutil.rmtree(settings.root, ignore_errors=True)
-    _link_tree(corpus, settings.root / "landing")
+    _link_tree(corpus, settings.landing_dir)
     wall = _timed(lambda: streaming.run_available_now(spark, settings, list(LAYER_QUERIES)))
     batches = (spark.read.format("delta").load(stream_progress.TABLE.path(settings))
                .select("query_name", "batch_at", "batch_duration_ms", "num_input_rows")

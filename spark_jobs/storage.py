@@ -123,6 +123,16 @@ def replace(staged: LakePath, final: LakePath) -> None:
         staged.rename(final)
 
 
+def write_atomically(directory: LakePath, name: str, content: bytes) -> LakePath:
+    """Write under a hidden name, then rename: readers see the whole file or nothing."""
+    directory.mkdir(parents=True, exist_ok=True)
+    hidden = directory / f".{name}.tmp"
+    hidden.write_bytes(content)
+    final = directory / name
+    replace(hidden, final)
+    return final
+
+
 def remove_tree(location: LakePath) -> None:
     """``location`` and everything under it, if it exists."""
     if isinstance(location, Path):

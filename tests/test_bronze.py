@@ -6,8 +6,8 @@ from pathlib import Path
 from spark_jobs import delta_reader, streaming
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
-from spark_jobs.generator import write_atomically
 from spark_jobs.ops import stream_progress
+from spark_jobs.storage import write_atomically
 from tests.conftest import make_settings
 
 

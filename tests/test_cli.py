@@ -1,8 +1,10 @@
+import ast
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from spark_jobs.config import PROJECT_DIR
 from tests.conftest import cli_env, lakehouse_command
 from tests.processes import free_port
 
@@ -76,6 +78,39 @@ def test_generate_writes_the_landing_zone_and_expected_counts(tmp_path: Path) ->
     assert len(list((tmp_path / "landing" / "events").iterdir())) == 1  # 1200 <= 5000 a file
     assert (tmp_path / "landing" / "expected_counts.json").exists()
     assert len(list((tmp_path / "landing" / "campaigns").iterdir())) == 2
+
+
+def test_clean_generation_and_the_landing_feed_go_through_the_verb(tmp_path: Path) -> None:
+    from spark_jobs import landing_feed
+
+    # --clean: every record valid and distinct, but a share given still applies (2% of
+    # 500 records duplicated, in expectation: some, and far fewer than half).
+    counts = landing_feed.generate(tmp_path / "clean", "--clean", "--events", "500",
+                                   env=cli_env())
+    assert counts["delivered"] == counts["valid_distinct"] == 500
+    assert counts["invalid"] == counts["duplicates"] == counts["blank_lines"] == 0
+    counts = landing_feed.generate(tmp_path / "twins", "--clean", "--duplicate", "0.02",
+                                   "--events", "500", env=cli_env())
+    assert counts["invalid"] == 0 and 0 < counts["duplicates"] < 100
+    with pytest.raises(landing_feed.GenerateFailed, match="between 0 and 1"):
+        landing_feed.generate(tmp_path / "bad", "--late", "7", env=cli_env())
+
+
+def test_only_the_cli_verb_imports_the_test_data_generator() -> None:
+    # The demo, the benchmarks, chaos and the class archive generate through the verb
+    # (spark_jobs.landing_feed); the tests may import it.
+    importers = set()
+    for folder in ("spark_jobs", "plugins", "dags"):
+        for path in (PROJECT_DIR / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                         else [a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [])
+                if isinstance(node, ast.ImportFrom) and node.module == "spark_jobs":
+                    names = [f"spark_jobs.{a.name}" for a in node.names]
+                if "spark_jobs.generator" in names:
+                    importers.add(str(path.relative_to(PROJECT_DIR)))
+    assert importers == {"spark_jobs/cli.py"}
 
 
 def test_a_kafka_source_without_a_broker_is_refused_not_replaced_by_files(tmp_path: Path

@@ -24,10 +24,10 @@ from pyspark.sql import functions as F
 from spark_jobs import reasons, streaming
 from spark_jobs.audit import account
 from spark_jobs.bronze import ad_events as bronze
-from spark_jobs.generator import write_atomically
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import CONTRACT_FIELDS, EVENT_TYPES, Rules, validate
+from spark_jobs.storage import write_atomically
 from tests.conftest import make_settings
 from tests.silver_helpers import bronze_frame
 

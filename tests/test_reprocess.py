@@ -16,7 +16,6 @@ from spark_jobs import reasons, streaming
 from spark_jobs.audit import account
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.dates import DateRange, DateRangeError
-from spark_jobs.generator import write_atomically
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import gold_rebuilds, late_data
 from spark_jobs.range_rebuild import content_digest
@@ -28,6 +27,7 @@ from spark_jobs.reprocess import (
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules
+from spark_jobs.storage import write_atomically
 from spark_jobs.tables import ensure_table
 from tests.conftest import make_settings
 from tests.processes import run_lakehouse

@@ -11,13 +11,13 @@ from pyspark.sql import functions as F
 
 from spark_jobs import checkpoints, reprocess, streaming
 from spark_jobs.bronze import ad_events as bronze
-from spark_jobs.generator import write_atomically
 from spark_jobs.gold import ad_attribution, campaign_stats
 from spark_jobs.ops import late_data
 from spark_jobs.ops.leases import LeaseHeld, leases
 from spark_jobs.reset import adopt_first_deliveries, reset
 from spark_jobs.silver import ad_campaigns, quarantine
 from spark_jobs.silver import ad_events as silver
+from spark_jobs.storage import write_atomically
 from tests.conftest import cli_env, lakehouse_command, make_settings
 
 pytestmark = pytest.mark.integration

@@ -11,11 +11,11 @@ from datetime import UTC, datetime
 from pyspark.sql import functions as F
 
 from spark_jobs import reasons, streaming
-from spark_jobs.generator import write_atomically
 from spark_jobs.gold import campaign_stats
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
+from spark_jobs.storage import write_atomically
 from tests.conftest import make_settings
 from tests.silver_helpers import bronze_frame
 
