@@ -49,6 +49,7 @@ from lakehouse_airflow.timetables import NightlyDays
 from spark_jobs import config, registry
 
 REBUILDS = registry.published(registry.REPROCESSED_LAYERS)
+ALL_LAYERS = ",".join(registry.REPROCESSED_LAYERS)
 # Rebuilds at once, whatever started them: a backfill's runs are bounded by the backfill's
 # own max_active_runs (the dialog's field, 10 over the REST API), not the DAG's, so the
 # Spark tasks carry the bound themselves.
@@ -98,7 +99,8 @@ def optional_date(description: str) -> Param:
                               "(leave empty for a backfill)"),
         "to": optional_date("last event date, included; empty: the run's day "
                             "(leave empty for a backfill)"),
-        "layers": Param("silver,gold", type="string", enum=["silver,gold", "silver", "gold"],
+        "layers": Param(ALL_LAYERS, type="string",
+                        enum=[ALL_LAYERS, *registry.REPROCESSED_LAYERS],
                         description="the layers to rebuild"),
         "quarantine": Param(False, type="boolean",
                             description="first move quarantined records that now pass"),

@@ -23,6 +23,7 @@ from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
 from spark_jobs.tables import TableSpec, local_rows
+from spark_jobs.tables import read as read_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -63,7 +64,7 @@ def _table(spark: SparkSession, settings: Settings, spec: TableSpec) -> DataFram
     path = settings.tables_dir / spec.relative_path
     if not (path / "_delta_log").exists():
         return local_rows(spark, [], spec.schema)
-    return spark.read.format("delta").load(str(path))
+    return read_table(spark, settings, spec)
 
 
 def account(spark: SparkSession, settings: Settings, expected_file: Path | None = None

@@ -52,7 +52,7 @@ from spark_jobs.config import Settings
 from spark_jobs.expected_counts import ExpectedCounts
 from spark_jobs.gold import campaign_stats
 from spark_jobs.maintenance import optimize
-from spark_jobs.session import build_spark
+from spark_jobs.session import spark_session
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.tables import ensure_table
 
@@ -221,13 +221,13 @@ def main() -> None:
     root = args.root.resolve()
     # One batch per layer, as a backlog is caught up; the project's settings otherwise.
     settings = config.load({"root": root / "lake", "max_files_per_trigger": 100_000})
-    spark = build_spark(settings, app_name="lakehouse-bench")
     # The messy corpus the pipeline and declarative parts share: a generated landing zone.
     generated = settings.replace(root=root / "corpus")
     results: dict[str, object] = {
         "machine": machine(), "at": datetime.now(UTC).isoformat(timespec="seconds")}
     try:
-        with progress.steps(progress.wanted()) as steps:
+        with (spark_session(settings, "lakehouse-bench") as spark,
+              progress.steps(progress.wanted()) as steps):
             if "pipeline" in parts:
                 steps.start(f"pipeline: {args.events:,} events, {args.repetitions} repetitions")
                 records = corpus(generated, args.events)
@@ -271,7 +271,6 @@ def main() -> None:
         results["failed"] = f"{type(error).__name__}: {error}"
         raise
     finally:
-        spark.stop()
         args.results.mkdir(parents=True, exist_ok=True)
         output = args.results / f"bench-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
         output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

@@ -470,7 +470,7 @@ def prove_reprocessed_gold(spark: SparkSession, settings: Settings, events: Data
 
 
 def run(settings: Settings, options: ChaosOptions) -> ChaosReport:
-    from spark_jobs.session import build_spark
+    from spark_jobs.session import spark_session
 
     if any(settings.tables_dir.glob("*/*/_delta_log")) or settings.landing_events.exists():
         raise ValueError(f"{settings.root} already holds a lake: the battery counts what it "
@@ -500,11 +500,8 @@ def run(settings: Settings, options: ChaosOptions) -> ChaosReport:
         raise DriverFailed(f"draining failed:\n{drain.log_since_start()[-4000:]}")
     drained = time.monotonic()
 
-    spark = build_spark(settings, app_name="lakehouse-chaos")
-    try:
+    with spark_session(settings, "lakehouse-chaos") as spark:
         prove(spark, settings, report)
-    finally:
-        spark.stop()
     report.seconds = time.monotonic() - started
     report.details["seconds"] = {"faults": round(faulted - started),
                                  "drain": round(drained - faulted),

@@ -21,5 +21,3 @@ TABLES: dict[str, TableSpec] = _specs(registry.TABLES)
 DATA_TABLES = _specs(registry.of_kind("data"))
 # What the data tables are checked against (mapping, the late-data ledger).
 REFERENCE_TABLES = _specs(registry.of_kind("reference"))
-# What the lakehouse records about itself.
-OPS_TABLES = _specs(registry.of_kind("ops"))

@@ -32,7 +32,6 @@ from spark_jobs.expected_counts import ExpectedCounts
 from spark_jobs.session import spark_conf
 
 PIPELINE = PROJECT_DIR / "bench" / "declarative"
-PLAIN_TABLES = ("bronze_ad_events", "silver_ad_events", "gold_campaign_stats")
 COUNTED = ("views", "clicks", "purchases")
 TIMEOUT_SECONDS = 1800
 

@@ -19,26 +19,22 @@ import signal
 import sys
 import threading
 
+from spark_jobs import registry
+
 log = logging.getLogger(__name__)
 
 CRASH_AT_VARIABLE = "LAKEHOUSE_CRASH_AT"
 
-# Every point the code passes, so a chaos schedule (or a typo in one) is checked up front.
-POINTS = (
-    "bronze_ad_events.before_batch",
-    "bronze_ad_events.after_batch",
-    "silver_ad_events.before_batch",
+# Every point the code passes, so a chaos schedule (or a typo in one) is checked up front:
+# each stream's batch boundaries (``delta_writes.start_exactly_once``), and the points
+# inside a batch that its table's module passes.
+INSIDE_BATCHES = (
     "silver_ad_events.after_quarantine",
     "silver_ad_events.between_merges",
-    "silver_ad_events.after_batch",
-    "gold_campaign_stats.before_batch",
     "gold_campaign_stats.after_ledger",
-    "gold_campaign_stats.after_batch",
-    "gold_ad_attribution.before_batch",
-    "gold_ad_attribution.after_batch",
-    "silver_ad_campaigns.before_batch",
-    "silver_ad_campaigns.after_batch",
 )
+POINTS = (*(f"{query}.{edge}" for query in registry.query_names()
+            for edge in ("before_batch", "after_batch")), *INSIDE_BATCHES)
 
 
 def parse(spec: str) -> tuple[str, float]:

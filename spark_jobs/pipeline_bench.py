@@ -45,6 +45,7 @@ from spark_jobs.reprocess import earliest_ingestion, rebuild_silver
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver.validation import Rules
+from spark_jobs.tables import read as read_table
 
 # The typed columns C1 parses into: the contract's fields, as a plain job would read them.
 C1_SCHEMA = ("event_id string, event_time string, event_type string, ad_id string, "
@@ -87,7 +88,7 @@ def pipeline(spark: SparkSession, settings: Settings, corpus: Path) -> dict[str,
     shutil.rmtree(settings.root, ignore_errors=True)
     _link_tree(corpus, settings.landing_dir)
     wall = _timed(lambda: streaming.run_available_now(spark, settings, list(LAYER_QUERIES)))
-    batches = (spark.read.format("delta").load(stream_progress.TABLE.path(settings))
+    batches = (read_table(spark, settings, stream_progress.TABLE)
                .select("query_name", "batch_at", "batch_duration_ms", "num_input_rows")
                .collect())
     layers = {}
@@ -126,7 +127,7 @@ def reprocess_day(spark: SparkSession, settings: Settings) -> dict[str, Any]:
     rules = Rules.from_settings(settings)
     # What the silver step validates again: every bronze record that could hold the day,
     # counted from the state the rebuild starts from (the day's silver rows deleted).
-    validated = (spark.read.format("delta").load(bronze.TABLE.path(settings))
+    validated = (read_table(spark, settings, bronze.TABLE)
                  .where(F.col("ingest_date") >= earliest_ingestion(spark, settings, days, rules))
                  .count())
     silver_seconds = _timed(lambda: rebuild_silver(spark, settings, days, rules,

@@ -38,6 +38,7 @@ from spark_jobs.ops.leases import REPROCESS, leases
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.storage import lake_path
 from spark_jobs.tables import TableSpec, ensure_table
+from spark_jobs.tables import read as read_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -87,12 +88,12 @@ def reset(spark: SparkSession, settings: Settings, layer: str) -> ResetOutcome:
             if reset_layer == "silver":
                 adopt_first_deliveries(spark, settings)
 
-        dates = (spark.read.format("delta").load(silver.TABLE.path(settings))
+        dates = (read_table(spark, settings, silver.TABLE)
                  .agg(F.min("event_date").alias("first"), F.max("event_date").alias("last"))
                  .first())
         if dates.first is not None:
             rebuild_gold(spark, settings, DateRange(dates.first, dates.last), dry_run=False)
-        rows = {spec.name: spark.read.format("delta").load(spec.path(settings)).count()
+        rows = {spec.name: read_table(spark, settings, spec).count()
                 for reset_layer in layers for spec in TABLES[reset_layer]}
         for reset_layer in layers:
             checkpoints.reset_marker(settings, reset_layer).unlink(missing_ok=True)
@@ -108,7 +109,7 @@ def adopt_first_deliveries(spark: SparkSession, settings: Settings) -> None:
     redelivery in a file it left alone could be read, and inserted, first."""
     from spark_jobs.silver.validation import Rules, validate
 
-    bronze_rows = spark.read.format("delta").load(bronze.TABLE.path(settings))
+    bronze_rows = read_table(spark, settings, bronze.TABLE)
     events = silver.first_deliveries(silver.accepted(
         validate(bronze_rows, Rules.from_settings(settings))))
     silver.adopt_earlier_deliveries(spark, settings, events)

@@ -1,6 +1,6 @@
 """Gold on inline events: window edges, zones, campaign moves, watermarks, attribution."""
 
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from itertools import pairwise
 from pathlib import Path
@@ -117,6 +117,27 @@ def test_late_within_the_watermark_updates_its_window_beyond_it_goes_to_the_ledg
     assert late_by_date(spark, settings) == [{"layer": "gold.campaign_stats",
                                               "event_date": "2026-11-22", "late_rows": 1,
                                               "repaired": False}]
+
+
+def test_the_late_data_split_is_pure_and_beside_its_table(spark) -> None:
+    # Watermark 12:20. A window that ended by then is closed: 12:19-12:20 (its end is the
+    # watermark) and 12:05-12:06; 12:20-12:21 is open. Two late events of one window are one
+    # ledger row of 2; before the first watermark nothing is late.
+    batch = events(spark, [("on-time", at(20), "view", "ad-1"),
+                           ("late-1", at(19, 59), "view", "ad-1"),
+                           ("late-2", at(19, 1), "click", "ad-1"),
+                           ("late-3", at(5), "view", "ad-1")]
+                   ).withColumn("_window", campaign_stats.event_window("1 minute"))
+    applied = int(at(20).replace(tzinfo=UTC).timestamp() * 1_000_000)
+    late = watermark.closed(F.col("_window.end"), applied)
+    assert [row.event_id for row in batch.where(~late).collect()] == ["on-time"]
+    late_events = batch.where(late).withColumn("window_start", F.col("_window.start"))
+    ledger = late_data.entries(late_events, "gold.campaign_stats", applied, QUERY, 7).collect()
+    assert sorted((r.window_start.strftime("%H:%M"), r.late_rows) for r in ledger) == [
+        ("12:05", 1), ("12:19", 2)]
+    assert {(r.layer, r.watermark, r.query_id, r.batch_id, r.repaired_at) for r in ledger} == {
+        ("gold.campaign_stats", at(20), QUERY, 7, None)}
+    assert batch.where(watermark.closed(F.col("_window.end"), None)).count() == 0
 
 
 def test_a_batch_with_nothing_late_adds_no_ledger_commit(spark, settings) -> None:

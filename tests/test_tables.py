@@ -1,6 +1,7 @@
 """Table helpers: rows the driver holds become a DataFrame without Python workers; tables
 are created once however many jobs start at the same moment."""
 
+import json
 import os
 import shutil
 import threading
@@ -10,6 +11,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 from pyspark.sql.types import (
     DateType,
     DecimalType,
@@ -22,6 +24,8 @@ from pyspark.sql.types import (
 
 from spark_jobs import delta_reader, tables
 from spark_jobs.bronze import ad_events as bronze
+from spark_jobs.config import PROJECT_DIR
+from spark_jobs.datasets import TABLES
 from spark_jobs.tables import ensure_table, local_rows
 from tests.conftest import make_settings
 
@@ -166,3 +170,22 @@ def test_a_creation_under_way_or_a_table_is_never_taken_for_a_torn_one(tmp_path)
     os.utime(log, (0, 0))
     assert tables._remove_torn_log(str(tmp_path / "table"))
     assert not log.exists()
+
+
+def test_nullability_lives_in_the_schema_which_delta_enforces_on_every_write(
+        spark, tmp_path) -> None:
+    # Every table's NOT NULL columns are its schema's, and Delta checks them on each write
+    # (a row of NULLs is refused, naming the first): no suite checks them a second time.
+    settings = make_settings(tmp_path / "lake")
+    for spec in TABLES.values():
+        required = [field.name for field in spec.schema.fields if not field.nullable]
+        if not required:
+            continue
+        ensure_table(spark, settings, spec)
+        loose = StructType([StructField(f.name, f.dataType, True) for f in spec.schema.fields])
+        nulls = spark.createDataFrame([tuple([None] * len(loose.fields))], loose)
+        with pytest.raises(Exception, match="DELTA_NOT_NULL_CONSTRAINT_VIOLATED"):
+            nulls.write.format("delta").mode("append").save(spec.path(settings))
+    for suite in (PROJECT_DIR / "expectations").glob("*.json"):
+        kinds = {e["type"] for e in json.loads(suite.read_text())["expectations"]}
+        assert "expect_column_values_to_not_be_null" not in kinds, suite.name

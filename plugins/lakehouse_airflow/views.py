@@ -108,8 +108,7 @@ def _table_rows(settings: Settings, table: registry.Table,
 def read_snapshot(settings: Settings, now: datetime | None = None) -> Snapshot:
     """Read what the page shows: the ops tables, the heartbeats, the leases, the verdict."""
     now = now or datetime.now(UTC)
-    # The heartbeat module's reader: the page and the health sensor see the same files.
-    beats = heartbeat._heartbeats(settings)
+    beats = heartbeat.heartbeats(settings)
     layers = {layer for beat in beats for layer in beat.get("layers", [])}
     return Snapshot(
         now=now,
@@ -141,7 +140,7 @@ def _late_rows(late: Iterable[dict[str, Any]]) -> dict[str, int]:
     """Late rows per stream: the ledger names the table (``gold.campaign_stats``)."""
     totals: dict[str, int] = {}
     for row in late:
-        stream = str(row["layer"]).replace(".", "_")
+        stream = str(registry.TABLES[row["layer"]].stream)
         totals[stream] = totals.get(stream, 0) + int(row["late_rows"] or 0)
     return totals
 
@@ -184,7 +183,7 @@ def _state(stream: str, batches: Sequence[dict[str, Any]], snapshot: Snapshot
         return "driver exited without a stop request", "bad"
     if not query.get("active"):
         return "not active", "bad"
-    written = heartbeat._parse(beat.get("written_at"))
+    written = heartbeat.parse_time(beat.get("written_at"))
     if written is None or snapshot.now - written > snapshot.stall_after:
         return "driver stopped beating", "bad"
     progressed = heartbeat.last_progress(beat, stream)

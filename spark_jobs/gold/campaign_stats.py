@@ -37,6 +37,7 @@ from spark_jobs.range_rebuild import read_current, rebuild_range
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.tables import TableSpec, ensure_table
+from spark_jobs.tables import read as read_table
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -218,7 +219,7 @@ def _add_on_time(spark: SparkSession, settings: Settings, on_time: DataFrame,
                  ) -> int | None:
     """MERGE the on-time events' counts into ``windows``, once per batch, in a commit that
     carries the latest event time up to this batch; the version it committed, if any."""
-    mapping = spark.read.format("delta").load(ad_campaigns.TABLE.path(settings))
+    mapping = read_table(spark, settings, ad_campaigns.TABLE)
     stats = campaign_stats(on_time.drop("_window"), mapping, settings.window_duration)
     with (idempotent_dml(spark, query_id, batch_id),
           watermark.carried_by_commit(spark, query_id, batch_id, latest)):

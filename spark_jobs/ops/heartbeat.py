@@ -61,7 +61,8 @@ def beat(settings: Settings, layers: Sequence[str], queries: Iterable[StreamingQ
     storage.replace(hidden, path)
 
 
-def _parse(text: str | None) -> datetime | None:
+def parse_time(text: str | None) -> datetime | None:
+    """A heartbeat's ISO-8601 time, as aware UTC (a naive one is taken as UTC)."""
     if not text:
         return None
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -85,8 +86,8 @@ def waiting_for_rebuild(heartbeat: dict, query_name: str) -> str | None:
 def last_progress(heartbeat: dict, query_name: str) -> datetime | None:
     """When the query last reported progress; a query that waited for a gold rebuild counts
     from the rebuild's end, since its next batch could only start then."""
-    progressed = _parse(heartbeat["queries"][query_name].get("last_progress_at"))
-    ended = _parse(_rebuild_waited_for(heartbeat, query_name).get("ended"))
+    progressed = parse_time(heartbeat["queries"][query_name].get("last_progress_at"))
+    ended = parse_time(_rebuild_waited_for(heartbeat, query_name).get("ended"))
     return progressed if progressed is None or ended is None else max(progressed, ended)
 
 
@@ -102,14 +103,16 @@ def stall_after(settings: Settings) -> timedelta:
     return timedelta(seconds=max(seconds, MIN_STALL_SECONDS))
 
 
-def _heartbeats(settings: Settings) -> list[dict]:
+def heartbeats(settings: Settings) -> list[dict]:
+    """Every driver's last heartbeat under the root: what the health sensor and the Stream
+    health page both read."""
     return [json.loads(path.read_text("utf-8"))
             for path in sorted((settings.root / "control").glob("heartbeat-*.json"))]
 
 
 def live_drivers(settings: Settings) -> list[dict[str, object]]:
     """The lease holders (pid, host, since) of every layer a heartbeat names."""
-    layers = sorted({layer for beat in _heartbeats(settings) for layer in beat["layers"]})
+    layers = sorted({layer for beat in heartbeats(settings) for layer in beat["layers"]})
     return [who for layer in layers if (who := driver(settings, layer))]
 
 
@@ -118,7 +121,7 @@ def health(settings: Settings, now: datetime | None = None) -> Health:
     now = now or _now()
     limit = stall_after(settings)
     problems: list[str] = []
-    beats = _heartbeats(settings)
+    beats = heartbeats(settings)
     running = False
     for heartbeat in beats:
         layers = heartbeat["layers"]
@@ -129,7 +132,7 @@ def health(settings: Settings, now: datetime | None = None) -> Health:
         if not alive:
             problems.append(f"the driver of {', '.join(layers)} exited without a stop request")
             continue
-        written = _parse(heartbeat["written_at"])
+        written = parse_time(heartbeat["written_at"])
         if written is None or now - written > limit:
             problems.append(f"the driver of {', '.join(layers)} stopped beating "
                             f"(last heartbeat {heartbeat['written_at']})")

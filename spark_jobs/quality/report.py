@@ -25,6 +25,7 @@ from spark_jobs.config import Settings
 from spark_jobs.datasets import TABLES
 from spark_jobs.gold import campaign_stats, watermark
 from spark_jobs.quality import plots
+from spark_jobs.tables import read as read_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -59,7 +60,7 @@ def measure(spark: SparkSession, settings: Settings, run: ValidationRun | None =
     since = now - timedelta(days=settings.quality_report_days)
 
     def table(name: str):  # noqa: ANN202 - a DataFrame
-        return spark.read.format("delta").load(TABLES[name].path(settings))
+        return read_table(spark, settings, TABLES[name])
 
     history = table("quality.results").where(F.col("run_at") >= F.lit(since))
     suite_runs = (history.groupBy("run_at", "suite").agg(

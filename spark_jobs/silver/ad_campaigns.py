@@ -23,6 +23,7 @@ from spark_jobs.landing import whole_files
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import parse_event_time
 from spark_jobs.tables import TableSpec, ensure_table
+from spark_jobs.tables import read as read_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -97,7 +98,7 @@ def process(spark: SparkSession, lines: DataFrame, app_id: str,
                           checkpoint=settings.checkpoint(QUERY_NAME),
                           quarantined_at=F.col("ingested_at"))
         new_rows = parsed.where(F.col("reason").isNull())
-        current = spark.read.format("delta").load(TABLE.path(settings))
+        current = read_table(spark, settings, TABLE)
         inputs = ["ad_id", "campaign_id", "valid_from", "source_file", "ingested_at"]
         (versions(current.select(inputs).unionByName(new_rows.select(inputs)))
             .write.format("delta").mode("overwrite")
