@@ -349,7 +349,7 @@ def cmd_validate(settings: Settings, args: argparse.Namespace) -> int:
                 if args.first is not None else None)
     except DateRangeError as error:
         raise UsageError(str(error)) from None
-    with (progress.steps(progress.wanted()) as steps,
+    with (progress.steps(progress.wanted(args.json)) as steps,
           spark_session(settings, "lakehouse-validate") as spark):
         run = validate.validate(spark, settings, tables, days and days.first,
                                 days and days.last, steps=steps)
@@ -358,11 +358,16 @@ def cmd_validate(settings: Settings, args: argparse.Namespace) -> int:
             steps.start("writing the data quality report")
             measures = report.measure(spark, settings, run)
             page = report.write(settings, report.render(measures, run), measures.generated_at)
-    for verdict in run.verdicts:
-        print(verdict.summary())
-    if page is not None:
-        print(f"report: {page}")
-    print(f"Data Docs: {settings.reports_dir / 'data_docs' / 'index.html'}")
+    docs = settings.reports_dir / "data_docs" / "index.html"
+    if args.json:
+        print(json.dumps({**run.as_json(), "report": page and str(page),
+                          "data_docs": str(docs)}, indent=2))
+    else:
+        for verdict in run.verdicts:
+            print(verdict.summary())
+        if page is not None:
+            print(f"report: {page}")
+        print(f"Data Docs: {docs}")
     if not run.passed:
         print("validation FAILED: a critical expectation failed (see above)", file=sys.stderr)
     return 0 if run.passed else 1
@@ -583,6 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--to", dest="last", metavar="YYYY-MM-DD", help="last date, included")
     check.add_argument("--no-report", action="store_true",
                        help="skip the HTML data quality report")
+    check.add_argument("--json", action="store_true",
+                       help="each table's verdict and failed expectations as JSON")
 
     sql = verb("sql", cmd_sql, "run SQL over the tables by name, e.g. bronze.ad_events, and "
                "print the rows it returns as a text table")

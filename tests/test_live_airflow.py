@@ -315,8 +315,12 @@ def test_ctrl_c_stops_everything_and_nothing_is_lost(live) -> None:
     # The reprocess that ran beside the live streams was not undone by them, nor did the
     # stream count again what it rebuilt: every closed gold window reconciles with silver.
     checked = run_lakehouse("validate", "--root", str(live.root), "--no-report", "--tables",
-                            "silver.ad_events,gold.campaign_stats", timeout=600)
+                            "silver.ad_events,gold.campaign_stats", "--json", timeout=600)
     assert checked.returncode == 0, checked.stdout[-3000:]
+    verdicts = json.loads(checked.stdout)  # --json: nothing but the run on stdout
+    assert verdicts["passed"] and verdicts["report"] is None
+    assert {table: (v["passed"], v["critical"]) for table, v in verdicts["tables"].items()
+            } == {"silver.ad_events": (True, []), "gold.campaign_stats": (True, [])}
 
 
 def test_no_planted_secret_in_any_log_table_or_report(live) -> None:

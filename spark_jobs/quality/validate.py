@@ -83,6 +83,21 @@ class ValidationRun:
     def passed(self) -> bool:
         return all(v.passed for v in self.verdicts)
 
+    def as_json(self) -> dict[str, object]:
+        """The run for a machine: per table, its counts and the expectations that failed."""
+        def failures(verdict: TableVerdict, severity: str) -> list[dict[str, object]]:
+            return [{"expectation": r.expectation, "description": r.description,
+                     "unexpected_count": r.unexpected_count, "error": r.error}
+                    for r in verdict.failed(severity)]
+
+        return {"run_id": self.run_id, "passed": self.passed,
+                "from": self.first and self.first.isoformat(),
+                "to": self.last and self.last.isoformat(),
+                "tables": {v.table: {"passed": v.passed, "expectations": len(v.results),
+                                     "critical": failures(v, CRITICAL),
+                                     "warning": failures(v, WARNING)}
+                           for v in self.verdicts}}
+
 
 def _what(result: Result) -> str:
     if result.error:
