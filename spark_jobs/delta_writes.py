@@ -225,9 +225,14 @@ def read_position(checkpoint: str, batch_id: int | None = None) -> int | None:
     """The version of its Delta source that a query has read up to (exclusive), after batch
     ``batch_id`` (default: its last committed batch); None if it has committed none."""
     position = _source_offset(checkpoint, batch_id)
-    if position is None:
-        return None
-    return position["reservoirVersion"] + (1 if position["index"] >= 0 else 0)
+    return None if position is None else delta_source_read_before(position)
+
+
+def delta_source_read_before(offset: dict[str, Any]) -> int:
+    """The version a Delta source's offset has read up to, exclusive: ``reservoirVersion``
+    with the ``index`` of the last file read in it (-1 for none; a version is counted read
+    once any of its files is)."""
+    return int(offset["reservoirVersion"]) + (1 if offset["index"] >= 0 else 0)
 
 
 def fully_read_before(checkpoint: str) -> int | None:

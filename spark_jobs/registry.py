@@ -119,8 +119,8 @@ TABLES: dict[str, Table] = _by_name(
           grain="the late-data ledger: events that reached a layer after its watermark "
                 "closed their window, per layer, date, window and batch"),
     Table(name="ops.gold_rebuilds", kind="ops",
-          grain="one row per event date and silver version a reprocess rebuilt "
-                "gold.campaign_stats from"),
+          grain="one row per event date and silver version a reprocess rebuilt gold "
+                "from"),
     Table(name="ops.maintenance_history", kind="ops",
           grain="one row per table and maintenance operation: files and bytes before and "
                 "after, duration"),
@@ -156,8 +156,8 @@ REPROCESSED_LAYERS: tuple[str, ...] = ("silver", "gold")
 
 
 def published(layers: tuple[str, ...] = LAYERS) -> tuple[str, ...]:
-    """The data tables streams write under their own name, of ``layers``: what the DAGs
-    declare as the assets they update (streams: every layer; a reprocess: the layers it
-    rebuilds) and what a new version of sets validation off."""
+    """The data tables streams write under their own name, of ``layers``: the assets the
+    DAGs declare they update (the streams: every layer; a reprocess: the layers it
+    rebuilds). An update of silver's or gold's starts a validation."""
     return tuple(table.name for table in streams()
                  if table.kind == "data" and table.layer in layers)

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LAYERS = registry.REPROCESSED_LAYERS
 
 
 class ReprocessError(ValueError):
@@ -58,7 +57,7 @@ class ReprocessError(ValueError):
 class Request:
     """What one reprocess is asked to do (``lakehouse reprocess``'s arguments, checked)."""
 
-    layers: tuple[str, ...] = LAYERS
+    layers: tuple[str, ...] = registry.REPROCESSED_LAYERS
     days: DateRange | None = None  # the event dates to rebuild, when a range is asked
     quarantine: bool = False  # instead: replay quarantine, then gold over what it moved
     reason: str | None = None  # with ``quarantine``: only the records held for this reason
@@ -99,7 +98,7 @@ def run(spark: Callable[[], SparkSession], settings: Settings, request: Request,
     dates; ``spark`` starts this process's session when first called."""
     # A layer under reset is emptied and replayed: a rebuild beside it would place records
     # the replay places too.
-    checkpoints.refuse_if_reset_unfinished(settings, LAYERS)
+    checkpoints.refuse_if_reset_unfinished(settings, registry.REPROCESSED_LAYERS)
     rules = Rules.from_settings(settings)
     result = Result(request.dry_run)
     if request.days is not None:
@@ -368,4 +367,4 @@ def _gold_tables() -> list[ModuleType]:
 
 def parse_layers(text: str | None) -> list[str]:
     """The layers named in ``text`` (comma-separated; all when empty)."""
-    return parse_choices(text, LAYERS, "layer(s)")
+    return parse_choices(text, registry.REPROCESSED_LAYERS, "layer(s)")

@@ -102,14 +102,21 @@ def test_only_the_cli_verb_imports_the_test_data_generator() -> None:
     importers = set()
     for folder in ("spark_jobs", "plugins", "dags"):
         for path in (PROJECT_DIR / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
-                         else [a.name for a in node.names] if isinstance(node, ast.Import)
-                         else [])
-                if isinstance(node, ast.ImportFrom) and node.module == "spark_jobs":
-                    names = [f"spark_jobs.{a.name}" for a in node.names]
+            source = path.read_text()
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom):  # absolute or relative, module or name
+                    module = "spark_jobs" if node.level else node.module or ""
+                    names = [f"{module}.{node.module}" if node.level and node.module
+                             else module,
+                             *(f"{module}.{alias.name}" for alias in node.names)]
+                else:
+                    continue
                 if "spark_jobs.generator" in names:
                     importers.add(str(path.relative_to(PROJECT_DIR)))
+            if '"spark_jobs.generator"' in source:  # importlib.import_module
+                importers.add(str(path.relative_to(PROJECT_DIR)))
     assert importers == {"spark_jobs/cli.py"}
 
 

@@ -12,6 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     DateType,
     DecimalType,
@@ -174,18 +175,28 @@ def test_a_creation_under_way_or_a_table_is_never_taken_for_a_torn_one(tmp_path)
 
 def test_nullability_lives_in_the_schema_which_delta_enforces_on_every_write(
         spark, tmp_path) -> None:
-    # Every table's NOT NULL columns are its schema's, and Delta checks them on each write
-    # (a row of NULLs is refused, naming the first): no suite checks them a second time.
+    # Every table's NOT NULL columns are its schema's, and Delta checks each of them on every
+    # write: a row with a value in every column but one NULL is refused, naming that column.
+    # So no suite checks them a second time.
+    value_of = {"StringType": "x", "LongType": 0, "IntegerType": 0, "DoubleType": 0.0,
+                "BooleanType": False, "DateType": date(2026, 1, 1),
+                "TimestampType": datetime(2026, 1, 1), "DecimalType": Decimal(0)}
     settings = make_settings(tmp_path / "lake")
     for spec in TABLES.values():
-        required = [field.name for field in spec.schema.fields if not field.nullable]
+        fields = spec.schema.fields
+        required = [field.name for field in fields if not field.nullable]
         if not required:
             continue
         ensure_table(spark, settings, spec)
-        loose = StructType([StructField(f.name, f.dataType, True) for f in spec.schema.fields])
-        nulls = spark.createDataFrame([tuple([None] * len(loose.fields))], loose)
-        with pytest.raises(Exception, match="DELTA_NOT_NULL_CONSTRAINT_VIOLATED"):
-            nulls.write.format("delta").mode("append").save(spec.path(settings))
+        loose = StructType([StructField(f.name, f.dataType, True) for f in fields])
+        full = {f.name: value_of[type(f.dataType).__name__] for f in fields}
+        rows = spark.createDataFrame([tuple(None if f.name == name else full[f.name]
+                                            for f in fields) for name in required], loose)
+        for name in required:
+            with pytest.raises(Exception, match=f"NOT NULL constraint violated for column: "
+                                                f"{name}\\."):
+                (rows.where(F.col(name).isNull()).write.format("delta").mode("append")
+                    .save(spec.path(settings)))
     for suite in (PROJECT_DIR / "expectations").glob("*.json"):
         kinds = {e["type"] for e in json.loads(suite.read_text())["expectations"]}
         assert "expect_column_values_to_not_be_null" not in kinds, suite.name

@@ -290,6 +290,4 @@ def _decide(folder: LakePath, name: str, outcome: str) -> None:
 
 
 def _write_atomically(path: LakePath, content: dict[str, object]) -> None:
-    hidden = path.with_name(f".{path.name}.tmp")
-    hidden.write_text(json.dumps(content), encoding="utf-8")
-    storage.replace(hidden, path)
+    storage.write_atomically(path.parent, path.name, json.dumps(content).encode())

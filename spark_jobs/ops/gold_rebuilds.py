@@ -1,7 +1,7 @@
 """``ops.gold_rebuilds``: which silver snapshot each reprocessed gold date was rebuilt from.
 
-Grain: one row per (event date, silver version) a reprocess rebuilt ``gold.campaign_stats``
-from. ``campaign_stats`` is additive in the stream, so a live gold stream that is behind
+Grain: one row per (event date, silver version) a reprocess rebuilt gold from.
+``campaign_stats`` is additive in the stream, so a live gold stream that is behind
 silver would add again an event the rebuild already counted. The stream therefore drops
 from each micro-batch the events of a rebuilt date that were in silver at the rebuild's
 version: the rebuild counted them, the stream counts only what came after.

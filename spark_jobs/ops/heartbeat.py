@@ -51,14 +51,10 @@ def beat(settings: Settings, layers: Sequence[str], queries: Iterable[StreamingQ
             "active": query.isActive,
         }
     path = heartbeat_file(settings, layers)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    hidden = path.with_name(f".{path.name}.tmp")
-    hidden.write_text(json.dumps({"pid": os.getpid(), "layers": list(layers),
-                                  "written_at": _now().isoformat(), "stopped": stopped,
-                                  "trigger_interval": settings.trigger_interval,
-                                  "queries": entries, "rebuilding": rebuilding}),
-                      encoding="utf-8")
-    storage.replace(hidden, path)
+    storage.write_atomically(path.parent, path.name, json.dumps(
+        {"pid": os.getpid(), "layers": list(layers), "written_at": _now().isoformat(),
+         "stopped": stopped, "trigger_interval": settings.trigger_interval,
+         "queries": entries, "rebuilding": rebuilding}).encode())
 
 
 def parse_time(text: str | None) -> datetime | None:

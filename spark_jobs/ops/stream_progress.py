@@ -27,6 +27,7 @@ from pyspark.sql.types import (
 from spark_jobs import delta_reader
 from spark_jobs.bronze.ad_events import RECORDS_METRIC
 from spark_jobs.config import Settings
+from spark_jobs.delta_writes import delta_source_read_before
 from spark_jobs.tables import TableSpec, ensure_table, local_rows
 
 if TYPE_CHECKING:
@@ -97,6 +98,8 @@ class ProgressRecorder:
     def collect(self, queries: Iterable[StreamingQuery]) -> None:
         for query in queries:
             for progress in query.recentProgress:
+                if not ran_a_batch(progress):
+                    continue
                 key = (str(progress.runId), progress.batchId)
                 if key not in self._seen:
                     self._seen.add(key)
@@ -112,6 +115,13 @@ class ProgressRecorder:
             (local_rows(spark, rows, SCHEMA).write.format("delta").mode("append")
                 .option("mergeSchema", "true").save(TABLE.path(settings)))
         return len(rows)
+
+
+def ran_a_batch(progress: StreamingQueryProgress) -> bool:
+    """Whether the report is of a micro-batch. A trigger that found nothing to read reports
+    too (the first of a run, then one every 10 s while idle), under the id of the batch
+    still to come and where the last one stopped: kept, it would stand for that batch."""
+    return "addBatch" in (progress.durationMs or {})
 
 
 def input_records(progress: StreamingQueryProgress) -> int:
@@ -144,41 +154,37 @@ def _row(progress: StreamingQueryProgress) -> tuple[object, ...]:
 
 
 def _source_read_before(progress: StreamingQueryProgress) -> int | None:
-    """Where the batch's Delta source stood after it; a join reads one table on both
-    sides, the further side counts."""
+    """Where the batch's Delta source stood after it; a join reads one table on both sides,
+    and only what the side behind has reached was read by both."""
     positions = [position for position in map(_read_before, progress.sources)
                  if position is not None]
-    return max(positions, default=None)
+    return min(positions, default=None)
 
 
 def _read_before(source: SourceProgress) -> int | None:
-    """The Delta source version read up to, exclusive, from the end offset Spark reported
-    (``reservoirVersion`` with the ``index`` of the last file read in it, -1 for none: a
-    version is counted read once any of its files is); None for another kind of source."""
+    """The version read up to, exclusive, from the end offset Spark reported for a Delta
+    source; None for another kind of source."""
     try:
         offset = json.loads(source.endOffset or "null")
     except ValueError:
         return None
     if not isinstance(offset, dict) or "reservoirVersion" not in offset:
         return None
-    return int(offset["reservoirVersion"]) + (1 if offset["index"] >= 0 else 0)
+    return delta_source_read_before(offset)
 
 
-def read_position(settings: Settings, query_id: str, batch_id: int | None = None
-                  ) -> int | None:
+def read_position(settings: Settings, query_id: str, batch_id: int) -> int | None:
     """The version of its Delta source the query ``query_id`` had read up to (exclusive)
-    after batch ``batch_id`` (default: its latest recorded batch); None until the runner
-    has recorded that batch."""
+    after batch ``batch_id``; None until the runner has recorded that batch."""
     path = TABLE.path(settings)
     if not delta_reader.is_delta_table(path) or "source_read_before" not in \
             delta_reader.column_names(path):
         return None
     # query_id is Spark's UUID, batch_id an int: nothing a user typed reaches the SQL.
-    wanted = f"batch_id = {int(batch_id)}" if batch_id is not None else "TRUE"
     rows = delta_reader.read_arrow_sql(path, f"""
         SELECT source_read_before FROM snapshot
-        WHERE query_id = '{uuid.UUID(query_id)}' AND {wanted}
-        ORDER BY batch_id DESC LIMIT 1""").to_pylist()
+        WHERE query_id = '{uuid.UUID(query_id)}' AND batch_id = {int(batch_id)}
+        LIMIT 1""").to_pylist()
     return rows[0]["source_read_before"] if rows else None
 
 
