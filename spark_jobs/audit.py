@@ -61,8 +61,7 @@ class Accounting:
 
 
 def _table(spark: SparkSession, settings: Settings, spec: TableSpec) -> DataFrame:
-    path = settings.tables_dir / spec.relative_path
-    if not (path / "_delta_log").exists():
+    if not delta_reader.is_delta_table(spec.path(settings)):
         return local_rows(spark, [], spec.schema)
     return read_table(spark, settings, spec)
 

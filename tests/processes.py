@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -12,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from spark_jobs import landing_feed
 from tests.conftest import cli_env, lakehouse_command
 
 STARTED: list[Driver] = []
@@ -33,10 +33,7 @@ def committed_versions(table: Path) -> int:
 
 
 def generate(root: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, object]:
-    done = subprocess.run(lakehouse_command("generate", "--root", str(root), *args),
-                          env=cli_env(**(env or {})), capture_output=True, text=True,
-                          timeout=120, check=True)
-    return json.loads(done.stdout)["generated"]
+    return landing_feed.generate(root, *args, env=cli_env(**(env or {})))
 
 
 class Driver(subprocess.Popen[bytes]):
