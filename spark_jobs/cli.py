@@ -576,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "rebuild a layer from its sources under the logic now configured, "
                       "after a change its streams' checkpoints cannot carry")
     reset_verb.add_argument("layer", metavar="LAYER",
-                            help="silver (rebuilds gold too) or gold")
+                            help="silver (rebuilds gold too), gold, or ops (the alert stream)")
     reset_verb.add_argument("--json", action="store_true", help="the outcome as JSON")
 
     check = verb("validate", cmd_validate,

@@ -184,6 +184,10 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     watermark_delay: Interval
     window_duration: Interval
     attribution_max_gap: Interval
+    alert_clicks_per_minute: Count
+    alert_watermark_delay: Interval
+    alert_trigger: Interval
+    alert_topic: str
     expectations_dir: Annotated[Path, _folder(lambda: bundled("expectations"))]
     quality_source_quiet_after: Interval
     quality_silver_max_lag: Interval

@@ -316,13 +316,14 @@ def exactly_once_batches(checkpoint: str, process: BatchProcessor
 
 
 def start_exactly_once(source: DataFrame, settings: Settings, query_name: str,
-                       process: Callable[..., None], trigger: dict[str, object]
-                       ) -> StreamingQuery:
+                       process: Callable[..., None], trigger: dict[str, object],
+                       output_mode: str = "append") -> StreamingQuery:
     """Start ``source`` into ``process(session, batch, app_id, batch_id, settings=…)``, one
     micro-batch at a time, checkpointed under the query's name."""
     checkpoint = settings.checkpoint(query_name)
     return (source.writeStream
             .queryName(query_name)
+            .outputMode(output_mode)
             .foreachBatch(exactly_once_batches(checkpoint, partial(process, settings=settings)))
             .option("checkpointLocation", checkpoint)
             .trigger(**trigger)

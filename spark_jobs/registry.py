@@ -46,6 +46,8 @@ class Table:
     stream: str | None = None
     # The stream applies an event-time watermark: its progress rows carry it.
     windowed: bool = False
+    # The setting holding the stream's processing-time trigger in a continuous run.
+    trigger_setting: str = "trigger_interval"
     # Validated by the suite ``<expectations_dir>/<name>.json``.
     suite: bool = False
 
@@ -115,6 +117,11 @@ TABLES: dict[str, Table] = _by_name(
                 "most attribution_max_gap (1 hour by default) before it",
           zorder_by=("ad_id", "click_time"),
           stream="gold_ad_attribution", windowed=True, suite=True),
+    Table(name="ops.alerts", kind="ops",
+          grain="one row per click-fraud alert: an ip_address with more than "
+                "alert_clicks_per_minute distinct valid clicks in one minute of event time, "
+                "raised once",
+          stream="ops_alerts", windowed=True, trigger_setting="alert_trigger"),
     Table(name="ops.late_data", kind="reference",
           grain="the late-data ledger: events that reached a layer after its watermark "
                 "closed their window, per layer, date, window and batch"),
@@ -143,6 +150,12 @@ def streams() -> list[Table]:
     """The table each stream is named after, in the order the streams start."""
     return [table for table in TABLES.values()
             if table.stream == table.name.replace(".", "_", 1)]
+
+
+def trigger_of(settings: Settings, query_name: str) -> str:
+    """The processing-time trigger ``query_name`` runs on continuously: its own setting."""
+    table = next(table for table in streams() if table.stream == query_name)
+    return str(getattr(settings, table.trigger_setting))
 
 
 def query_names(layer: str | None = None) -> tuple[str, ...]:

@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 # A layer, and every layer its reset rebuilds, in dependency order.
-RESETS: dict[str, tuple[str, ...]] = {"silver": ("silver", "gold"), "gold": ("gold",)}
+RESETS: dict[str, tuple[str, ...]] = {"silver": ("silver", "gold"), "gold": ("gold",),
+                                      "ops": ("ops",)}
 # The tables each layer's streams write (gold's record of rebuilds goes with gold: it
 # tells the gold streams which silver rows a rebuild counted in tables now emptied).
 TABLES: dict[str, tuple[TableSpec, ...]] = {
@@ -91,14 +92,15 @@ def reset(spark: SparkSession, settings: Settings, layer: str) -> ResetOutcome:
         dates = (read_table(spark, settings, silver.TABLE)
                  .agg(F.min("event_date").alias("first"), F.max("event_date").alias("last"))
                  .first())
-        if dates.first is not None:
+        if "gold" in layers and dates.first is not None:
             rebuild_gold(spark, settings, DateRange(dates.first, dates.last), dry_run=False)
         rows = {spec.name: read_table(spark, settings, spec).count()
                 for reset_layer in layers for spec in TABLES[reset_layer]}
         for reset_layer in layers:
             checkpoints.reset_marker(settings, reset_layer).unlink(missing_ok=True)
     return ResetOutcome(layers, rows,
-                        None if dates.first is None else (str(dates.first), str(dates.last)),
+                        None if "gold" not in layers or dates.first is None
+                        else (str(dates.first), str(dates.last)),
                         round((datetime.now(UTC) - started).total_seconds(), 1))
 
 

@@ -18,7 +18,9 @@ import pytest
 from spark_jobs import audit, kafka_topic, streaming
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import ConfigError, Settings
+from spark_jobs.ops import alerts
 from spark_jobs.services import port_open
+from spark_jobs.tables import read as read_table
 from tests.conftest import make_settings
 from tests.processes import (
     committed_versions,
@@ -288,3 +290,87 @@ def test_the_lines_of_files_sent_by_any_client_give_the_accounting_of_the_files(
     assert (by_kafka.silver_rows, by_kafka.quarantine_by_reason, by_kafka.duplicates) == (
         by_files.silver_rows, by_files.quarantine_by_reason, by_files.duplicates)
     assert by_kafka.identity_holds and by_files.identity_holds
+
+
+def alert_messages(settings: Settings) -> list[tuple[str, dict]]:
+    """Every message of the alert topic, as (key, value), oldest first per partition."""
+    import json
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    alert_settings = alerts.alert_topic_settings(settings)
+    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                         "group.id": "test-alerts", "enable.auto.commit": False})
+    try:
+        ends = kafka_topic.offsets(alert_settings)
+        consumer.assign([TopicPartition(settings.alert_topic, partition, low)
+                         for partition, (low, _) in ends.items()])
+        remaining = sum(high - low for low, high in ends.values())
+        messages = []
+        deadline = time.monotonic() + 60
+        while len(messages) < remaining and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is not None and message.error() is None:
+                messages.append((message.key().decode(), json.loads(message.value())))
+        assert len(messages) == remaining, "the alert topic could not be read whole"
+        return messages
+    finally:
+        consumer.close()
+
+
+def fraud_clicks() -> list[bytes]:
+    """Clicks of three addresses over the limit (6 > 5) in three minutes, each with a
+    redelivery that must not count, and a busy address at the limit."""
+    import json
+
+    def click(event_id: str, ip: str, minute: int, second: int) -> bytes:
+        return json.dumps({"event_id": event_id, "event_type": "click", "ad_id": "ad-1",
+                           "ip_address": ip,
+                           "event_time": f"2026-11-27T10:{minute:02d}:{second:02d}Z"}).encode()
+
+    records = []
+    for n, ip in enumerate(("10.6.6.1", "10.6.6.2", "10.6.6.3")):
+        records += [click(f"{ip}-{k}", ip, n, 5 * k) for k in range(6)]
+        records.append(click(f"{ip}-0", ip, n, 0))  # a redelivery of the first
+        records += [click(f"busy-{n}-{k}", "10.0.0.1", n, 5 * k) for k in range(5)]
+    return records
+
+
+def test_alerts_from_kafka_are_published_at_least_once_and_recorded_once_across_a_kill(
+        spark, broker, tmp_path) -> None:
+    lake = tmp_path / "lake"
+    env = broker.topic_env("clicks", LAKEHOUSE_ALERT_TOPIC="clicks-alerts",
+                           LAKEHOUSE_ALERT_CLICKS_PER_MINUTE="5")
+    settings = broker.lake(lake, "clicks", alert_topic="clicks-alerts",
+                           alert_clicks_per_minute=5)
+    kafka_topic.ensure_topic(settings)
+    records = fraud_clicks()
+    kafka_topic.send(kafka_topic.producer(settings), "clicks", ((None, r) for r in records))
+
+    # The driver dies after publishing its first batch's alerts, before it records them.
+    crashed = start_stream(lake, "ops", "--trigger", "1s",
+                           env={**env, "LAKEHOUSE_CRASH_AT": "ops_alerts.after_publish"})
+    assert crashed.wait(timeout=180) != 0
+    assert "crash point ops_alerts.after_publish" in crashed.log()
+    published_before_the_kill = alert_messages(settings)
+    assert published_before_the_kill, "nothing was published before the kill: no test"
+
+    # The next driver replays that batch: the same alerts, published again, recorded once.
+    stream = start_stream(lake, "ops", "--trigger", "1s", env=env)
+    recorded_table = Path(alerts.TABLE.path(settings))
+    wait_for_commits(recorded_table, 2, stream)  # created, then the MERGE
+    stream.send_signal(signal.SIGTERM)
+    assert stream.wait(timeout=120) == 0, stream.log()[-3000:]
+
+    recorded = {row.alert_id: row for row in read_table(spark, settings, alerts.TABLE).collect()}
+    assert sorted(row.ip_address for row in recorded.values()) == [
+        "10.6.6.1", "10.6.6.2", "10.6.6.3"]
+    assert all(row.clicks == 6 for row in recorded.values())  # the redelivery counted once
+    published = alert_messages(settings)
+    # At least once: every recorded alert was published, and nothing else was; a message
+    # published twice is the same alert (id and content) both times.
+    assert {key for key, _ in published} == set(recorded)
+    assert len(published) == len(recorded) + len(published_before_the_kill)
+    for key, value in published:
+        assert value["alert_id"] == key and value["clicks"] == recorded[key].clicks
+        assert value == next(v for k, v in published if k == key)

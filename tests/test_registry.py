@@ -67,12 +67,12 @@ def test_streams_are_started_shown_and_reset_as_the_registry_says() -> None:
     # Each stream is started by the module of the table named after it, under that name.
     assert registry.query_names() == ("bronze_ad_events", "silver_ad_events",
                                       "silver_ad_campaigns", "gold_campaign_stats",
-                                      "gold_ad_attribution")
+                                      "gold_ad_attribution", "ops_alerts")
     started = [importlib.import_module(module) for modules in streaming.LAYERS.values()
                for module in modules]
     assert [module.QUERY_NAME for module in started] == list(registry.query_names())
     assert all(callable(module.start) for module in started)
-    assert list(streaming.LAYERS) == ["bronze", "silver", "gold"]
+    assert list(streaming.LAYERS) == ["bronze", "silver", "gold", "ops"]
     # A table written by a stream is written by one the runner starts (the quarantine by
     # silver's).
     assert {t.stream for t in registry.TABLES.values() if t.stream} == set(
@@ -80,7 +80,8 @@ def test_streams_are_started_shown_and_reset_as_the_registry_says() -> None:
     # A reset of a layer empties what its streams write (and gold's record of rebuilds).
     assert {layer: [t.name for t in tables] for layer, tables in reset.TABLES.items()} == {
         "silver": ["silver.ad_events", "silver.quarantine", "silver.ad_campaigns"],
-        "gold": ["gold.campaign_stats", "gold.ad_attribution", "ops.gold_rebuilds"]}
+        "gold": ["gold.campaign_stats", "gold.ad_attribution", "ops.gold_rebuilds"],
+        "ops": ["ops.alerts"]}
 
 
 def test_the_dags_assets_and_the_gold_rebuild_follow_the_registry() -> None:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(PROJECT_DIR / "plugins"))
 from lakehouse_airflow import views  # noqa: E402
 
 NOW = datetime(2026, 11, 5, 12, 0, 0, 123456, tzinfo=UTC)
-EVERY_LAYER = ["bronze", "silver", "gold"]
+EVERY_LAYER = ["bronze", "silver", "gold", "ops"]
 
 
 def batch(stream: str, batch_id: int, seconds_ago: float, **values: Any) -> dict[str, Any]:
@@ -44,7 +44,10 @@ def beat(*, streams: tuple[str, ...] = views.STREAMS, progress_ago: float = 3,
             "trigger_interval": "5 seconds",
             "queries": {name: {"last_progress_at": (NOW - timedelta(seconds=progress_ago))
                                .isoformat().replace("+00:00", "Z"),
-                               "batch_id": 9, "active": active} for name in streams}}
+                               "batch_id": 9, "active": active,
+                               # The alert path polls every second, the others every 5 s.
+                               "trigger_interval": "1 second" if name == "ops_alerts"
+                               else "5 seconds"} for name in streams}}
 
 
 def snapshot(*, progress: list[dict[str, Any]] | None = None,
@@ -67,6 +70,8 @@ def healthy_progress() -> list[dict[str, Any]]:
         batch("gold_campaign_stats", 11, 5),
         batch("gold_ad_attribution", 12, 5, state_rows=1520, rows_dropped_by_watermark=3,
               watermark=datetime(2026, 11, 5, 11, 49, 30, 500000, tzinfo=UTC)),
+        batch("ops_alerts", 300, 4, state_rows=310,
+              watermark=datetime(2026, 11, 5, 11, 58, 50, tzinfo=UTC)),
     ]
 
 
@@ -102,7 +107,7 @@ def test_before_anything_ran_every_stream_is_listed_as_not_started_yet() -> None
     for stream in views.STREAMS:
         assert row_of(page, stream)[1] == "not started yet"
     outcome = views.verdict(views.stream_statuses(shot))
-    assert outcome.level == "warn" and outcome.headline == "0 of 5 streams running"
+    assert outcome.level == "warn" and outcome.headline == "0 of 6 streams running"
 
 
 def test_a_stream_whose_driver_is_up_but_not_yet_reporting_is_not_started_yet() -> None:
@@ -128,11 +133,11 @@ def test_every_stream_running_and_keeping_up_is_green() -> None:
                     late=[{"layer": "gold.campaign_stats", "late_rows": 3},
                           {"layer": "gold.campaign_stats", "late_rows": 4}])
     statuses = views.stream_statuses(shot)
-    assert [s.state for s in statuses] == ["running"] * 5
+    assert [s.state for s in statuses] == ["running"] * 6
     assert views.verdict(statuses) == views.Verdict(
-        "ok", "all 5 streams running and keeping up")
+        "ok", "all 6 streams running and keeping up")
     page = page_of(shot)
-    assert 'id="verdict">all 5 streams running and keeping up<' in page
+    assert 'id="verdict">all 6 streams running and keeping up<' in page
     bronze = row_of(page, "bronze_ad_events")
     # The latest batch, integers as integers, times to the second.
     assert bronze[2:5] == ["2026-11-05 11:59:57", "42", "20.0"]
@@ -164,6 +169,21 @@ def test_a_windowed_stream_before_its_first_event_has_no_watermark_yet() -> None
     page = page_of(snapshot(progress=progress, heartbeats=[beat()]))
     assert row_of(page, "gold_ad_attribution")[7] == "none yet"
     assert row_of(page, "gold_campaign_stats")[7] == "none yet"
+
+
+def test_a_stream_on_a_trigger_of_its_own_is_judged_by_it() -> None:
+    # 1.5 s batches: behind the alert path's 1 s trigger, though well within the driver's 5 s.
+    alert_batches = [batch("ops_alerts", 301 + n, 3 - n, batch_duration_ms=1500)
+                     for n in range(3)]
+    statuses = statuses_by_name(snapshot(progress=healthy_progress() + alert_batches,
+                                         heartbeats=[beat()]))
+    assert statuses["ops_alerts"].state == "falling behind"
+    # The same batches on a silver stream, judged by the 5 s trigger, keep up.
+    as_silver = [{**row, "query_name": "silver_ad_events", "batch_id": 18 + n}
+                 for n, row in enumerate(alert_batches)]
+    statuses = statuses_by_name(snapshot(progress=healthy_progress() + as_silver,
+                                         heartbeats=[beat()]))
+    assert statuses["silver_ad_events"].state == "running"
 
 
 def test_batches_slower_than_the_trigger_interval_are_falling_behind() -> None:
@@ -293,4 +313,5 @@ def test_the_supervisors_verdict_excuses_only_the_queries_waiting_for_a_rebuild(
     with leases(settings, EVERY_LAYER):  # the driver is alive
         problems = heartbeat.health(settings, now=NOW).problems
     stalled = {problem.split()[1] for problem in problems if "stalled" in problem}
-    assert stalled == {"bronze_ad_events", "silver_ad_events", "silver_ad_campaigns"}
+    assert stalled == {"bronze_ad_events", "silver_ad_events", "silver_ad_campaigns",
+                       "ops_alerts"}

@@ -192,8 +192,8 @@ def _state(stream: str, batches: Sequence[dict[str, Any]], snapshot: Snapshot
     if snapshot.now - progressed > snapshot.stall_after:
         waiting = heartbeat.waiting_for_rebuild(beat, stream)
         return (waiting, "warn") if waiting else (f"stalled since {_when(progressed)}", "bad")
-    if _falling_behind(batches, _interval_ms(beat.get("trigger_interval"),
-                                             snapshot.trigger_interval), snapshot):
+    trigger = query.get("trigger_interval") or beat.get("trigger_interval")
+    if _falling_behind(batches, _interval_ms(trigger, snapshot.trigger_interval), snapshot):
         return "falling behind", "bad"
     return ("running" if batches else "running, no data yet"), "ok"
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs import storage
+from spark_jobs import registry, storage
 from spark_jobs.config import Settings, interval_seconds
 from spark_jobs.ops.leases import driver
 
@@ -49,6 +49,10 @@ def beat(settings: Settings, layers: Sequence[str], queries: Iterable[StreamingQ
             "last_progress_at": progress["timestamp"] if progress else None,
             "batch_id": progress["batchId"] if progress else None,
             "active": query.isActive,
+            # A stream on a trigger of its own (the alert path's) is judged by that one.
+            "trigger_interval": (registry.trigger_of(settings, query.name)
+                                 if query.name in registry.query_names()
+                                 else settings.trigger_interval),
         }
     path = heartbeat_file(settings, layers)
     storage.write_atomically(path.parent, path.name, json.dumps(
