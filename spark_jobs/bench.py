@@ -37,6 +37,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs import (
+    alert_bench,
     config,
     declarative_bench,
     feed_bench,
@@ -61,12 +62,12 @@ EVENTS_PER_BATCH = 2_000
 CAMPAIGNS, DAYS = 40, 7
 REPEATS = 5
 FEED_START_SHARE, FEED_START_RATE = 0.6, 6_000
-PARTS = ("pipeline", "declarative", "feed", "growth", "gold_growth", "landing", "maintenance",
-         "startup")
-# What issue 13 asks of every run (ceilings, layers, reprocessing and YSB; sustained rate and
-# latency; silver's and gold's growth), within 30 minutes on 2 cores; the comparisons and
+PARTS = ("pipeline", "declarative", "feed", "growth", "gold_growth", "alerts", "landing",
+         "maintenance", "startup")
+# What issues 13 and 19 ask of every run (ceilings, layers, reprocessing and YSB; sustained
+# rate and latency; silver's and gold's growth; the alert path's latency); the comparisons and
 # single-lever measurements are asked for by name, or all at once with ``--parts all``.
-DEFAULT_PARTS = ("pipeline", "feed", "growth", "gold_growth")
+DEFAULT_PARTS = ("pipeline", "feed", "growth", "gold_growth", "alerts")
 
 
 def silver_batch(spark: SparkSession, batch: int) -> DataFrame:
@@ -256,6 +257,9 @@ def main() -> None:
                 steps.start("gold growth: a gold batch after 100 and after 10,000 earlier ones")
                 results["gold_growth"] = gold_growth_bench.run(
                     spark, config.load({"root": root / "gold-growth"}))
+            if "alerts" in parts:
+                steps.start("alerts: click-fraud alert latency through a real Kafka broker")
+                results["alerts"] = alert_bench.run(spark, config.load({"root": root / "alerts"}))
             if "landing" in parts:
                 steps.start(f"landing: a bronze trigger after {args.landing_files:,} files")
                 results["landing"] = landing_bench.run(
@@ -278,6 +282,7 @@ def main() -> None:
                        ("declarative", declarative_bench.render), ("feed", feed_bench.render),
                        ("growth", growth_bench.render),
                        ("gold_growth", gold_growth_bench.render),
+                       ("alerts", alert_bench.render),
                        ("landing", landing_bench.render),
                        ("maintenance", render), ("startup", startup_bench.render)):
         if part in results:
