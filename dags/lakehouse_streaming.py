@@ -1,8 +1,10 @@
 """
 ### lakehouse_streaming
 
-Carries ad events from the landing zone (or Kafka) into bronze, silver and gold, as one
-Spark driver submitted with `SparkSubmitOperator` on the `lakehouse_spark` connection.
+Carries ad events from the landing zone (or Kafka) into bronze, silver and gold, and
+raises click-fraud alerts within seconds (`ops.alerts`, and the `ad-alerts` topic with
+Kafka), as one Spark driver submitted with `SparkSubmitOperator` on the `lakehouse_spark`
+connection.
 
 - **continuous** mode (`streaming_mode = "continuous"`, the default): a `@continuous` DAG.
   `run_streams` runs the streams until stopped; `watch_health` watches their heartbeats

@@ -30,6 +30,7 @@ from spark_jobs.config import LOOPBACK, Settings, console_script
 DAGS = ("lakehouse_streaming", "lakehouse_quality", "lakehouse_maintenance",
         "lakehouse_reprocess")
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
+DEMO_CLICK_FRAUD = 0.15
 # The streams' micro-batch interval under the demo. Each micro-batch of a layer costs a few
 # seconds whatever its size (Delta commits and MERGEs; README, "Where the time goes"), so
 # with 5 s the five streams ran batches back to back and took both cores of a laptop from
@@ -102,7 +103,10 @@ def run(settings: Settings, options: DemoOptions) -> int:
     airflow = subprocess.Popen([sys.executable, "-m", airflow_standalone.MODULE], env=env,
                                stdout=(log_dir / "airflow-standalone.log").open("ab"),
                                stderr=subprocess.STDOUT, start_new_session=True)
-    feed = landing_feed.start_feed(settings.root, options.rate, env=env,
+    # A bot among the users (15% of the valid events, some 170 clicks a minute from one
+    # address at the demo's rate), so the alert path has something to raise.
+    feed = landing_feed.start_feed(settings.root, options.rate, "--click-fraud",
+                                   f"{DEMO_CLICK_FRAUD:g}", env=env,
                                    log=(log_dir / "demo-feed.log").open("ab"))
     status = 0
     try:

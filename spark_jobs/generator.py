@@ -33,6 +33,7 @@ EVENT_TYPES = ("view", "click", "purchase")
 # YSB's shares: mostly views, few clicks; purchases are this project's extension.
 EVENT_TYPE_WEIGHTS = (0.80, 0.15, 0.05)
 AD_TYPES = ("banner", "modal", "sponsored-search", "mail", "mobile")
+FRAUD_ADDRESS = "10.66.6.6"  # the address of --click-fraud's clicks
 NON_ASCII_PAGES = ("página-ñ", "страница", "ページ-日本", "σελίδα", "ad-💡")
 
 
@@ -53,6 +54,10 @@ class Mess:
     non_ascii: float = 0.02
     blank_line: float = 0.005  # blank lines are not records
     unmapped_ad: float = 0.01  # an ad the campaign mapping does not know (yet)
+    # Valid clicks from one address (FRAUD_ADDRESS), on top of the rest: at 20 events a
+    # second, 0.1 is 120 clicks a minute, over the alert path's default limit of 100. Off
+    # by default, so a seed's corpus stays what it was.
+    click_fraud: float = 0.0
     gzip_files: float = 0.3
     crlf_files: float = 0.1
     bom_files: float = 0.1
@@ -136,6 +141,8 @@ class EventGenerator:
         return str(epoch_ms(moment))  # YSB sends epoch milliseconds as a string
 
     def valid_event(self, now: datetime) -> dict[str, object]:
+        if self.mess.click_fraud and self.rng.random() < self.mess.click_fraud:
+            return self._fraudulent_click(now)
         event_type = self.rng.choices(EVENT_TYPES, EVENT_TYPE_WEIGHTS)[0]
         ad_id = (self._uuid() if self.rng.random() < self.mess.unmapped_ad
                  else self.rng.choice(self.ad_ids))
@@ -166,6 +173,13 @@ class EventGenerator:
         if self.rng.random() < self.mess.long_line:
             event["payload"] = "x" * (1024 * 1024 - 600)
         return event
+
+    def _fraudulent_click(self, now: datetime) -> dict[str, object]:
+        """A click of ``FRAUD_ADDRESS`` on an ad of the mapping, as a bot would make it."""
+        return {"event_id": self._uuid(), "event_time": iso(now), "event_type": "click",
+                "ad_id": self.rng.choice(self.ad_ids), "user_id": self.rng.choice(self.user_ids),
+                "page_id": self.rng.choice(self.page_ids), "ad_type": self.rng.choice(AD_TYPES),
+                "ip_address": FRAUD_ADDRESS}
 
     def _faulty(self, now: datetime) -> tuple[bytes, str] | None:
         """A record with exactly one fault and its reason code, or None for a clean record."""

@@ -93,3 +93,26 @@ def test_the_stream_raises_each_alert_once_across_micro_batches(spark, settings)
     recomputed = alerts.from_silver(read_table(spark, settings, silver.TABLE), threshold=3)
     assert ({row.alert_id for row in recomputed.collect()} == {row.alert_id
             for row in rows.values()})
+
+
+def test_a_bot_in_a_generated_feed_raises_its_alert_and_nobody_else_does(spark, tmp_path
+                                                                          ) -> None:
+    from spark_jobs.generator import FRAUD_ADDRESS
+    from tests.conftest import make_settings
+    from tests.processes import generate
+
+    settings = make_settings(tmp_path / "lake")
+    # Every event at one instant (no --span): the bot's ~280 clicks share its minute, while
+    # 2,000 events over 65,536 other addresses put none of them near the limit of 100.
+    generate(settings.root, "--events", "2000", "--click-fraud", "0.15", "--seed", "5",
+             "--start", "2026-11-22T11:59:30Z")
+    streaming.catch_up(spark, settings, ["bronze", "silver", "ops"])
+    [raised] = read_table(spark, settings, alerts.TABLE).collect()
+    bot_clicks = (read_table(spark, settings, silver.TABLE)
+                  .where(f"ip_address = '{FRAUD_ADDRESS}' AND event_type = 'click'").count())
+    # One batch saw them all: the count raised is every distinct click silver kept.
+    assert (raised.ip_address, raised.clicks, raised.window_start) == (
+        FRAUD_ADDRESS, bot_clicks, MINUTE)
+    assert bot_clicks > 200
+    assert [row.alert_id for row in alerts.from_silver(
+        read_table(spark, settings, silver.TABLE), 100).collect()] == [raised.alert_id]
