@@ -95,7 +95,7 @@ def test_the_stream_raises_each_alert_once_across_micro_batches(spark, settings)
             for row in rows.values()})
 
 
-def test_a_bot_in_a_generated_feed_raises_its_alert_and_nobody_else_does(spark, tmp_path
+def test_a_bot_raises_its_alert_nobody_else_does_and_a_reset_raises_it_again(spark, tmp_path
                                                                           ) -> None:
     from spark_jobs.generator import FRAUD_ADDRESS
     from tests.conftest import make_settings
@@ -116,3 +116,12 @@ def test_a_bot_in_a_generated_feed_raises_its_alert_and_nobody_else_does(spark, 
     assert bot_clicks > 200
     assert [row.alert_id for row in alerts.from_silver(
         read_table(spark, settings, silver.TABLE), 100).collect()] == [raised.alert_id]
+    # A reset of the alert path replays it from its source (bronze here): the same alert,
+    # raised again, and nothing else rebuilt.
+    from spark_jobs import reset
+
+    outcome = reset.reset(spark, settings, "ops")
+    assert (outcome.layers, outcome.rows, outcome.event_dates) == (
+        ("ops",), {"ops.alerts": 1}, None)
+    [again] = read_table(spark, settings, alerts.TABLE).collect()
+    assert (again.alert_id, again.clicks) == (raised.alert_id, raised.clicks)

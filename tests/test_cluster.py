@@ -102,7 +102,7 @@ def lakes(spark, cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     on_cluster = run_lakehouse("stream", "--root", str(lakes["cluster"]), "--available-now",
                                env={"LAKEHOUSE_SPARK_MASTER": MASTER})
     assert on_cluster.returncode == 0, on_cluster.stderr[-3000:]
-    assert "lakehouse-stream-bronze-silver-gold" in applications_run_by_master(cluster)
+    assert "lakehouse-stream-bronze-silver-gold-ops" in applications_run_by_master(cluster)
     return lakes
 
 

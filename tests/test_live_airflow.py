@@ -24,8 +24,9 @@ import httpx
 import psutil
 import pytest
 
-from spark_jobs import delta_reader
+from spark_jobs import delta_reader, registry
 from spark_jobs.demo import DAGS, DEMO_TRIGGER, PASSWORDS_FILE
+from spark_jobs.generator import FRAUD_ADDRESS
 from spark_jobs.ops import heartbeat
 from tests.browser import airflow_ui
 from tests.conftest import cli_env, lakehouse_command, make_settings
@@ -174,6 +175,19 @@ def test_gold_rows_and_the_stream_health_page_within_minutes(live) -> None:
     assert "gold_campaign_stats" in page.text and "silver_ad_events" in page.text
 
 
+def test_the_demo_s_bot_raises_a_click_fraud_alert(live) -> None:
+    # make run's feed holds a bot clicking some 170 times a minute (the limit is 100).
+    path = make_settings(live.root).table_path("ops/alerts")
+
+    def bot_alerts() -> list[dict]:
+        if not any((Path(path) / "_delta_log").glob("*.json")):
+            return []
+        return [row for row in delta_reader.read_rows(path) if row["ip_address"] == FRAUD_ADDRESS]
+
+    wait_for(lambda: bool(bot_alerts()), "no alert for the demo's bot", timeout=300)
+    assert all(row["clicks"] > row["threshold"] == 100 for row in bot_alerts())
+
+
 def test_every_port_of_the_run_listens_on_loopback_only(live) -> None:
     """The API server, the task log servers and the streaming Spark driver (running now that
     gold has rows): every process `make run` started."""
@@ -220,8 +234,7 @@ def test_a_two_day_backfill_from_the_ui_dialog_rebuilds_exactly_its_days(live,
         ui.screenshot("06-stream-health")
         # Every stream of the pipeline is driven by now (gold had rows in the test before):
         # running, or behind its feed on two busy cores; not waiting, stalled or stopped.
-        for stream in ("bronze_ad_events", "silver_ad_events", "silver_ad_campaigns",
-                       "gold_campaign_stats", "gold_ad_attribution"):
+        for stream in registry.query_names():
             [row] = [line for line in health.splitlines() if line.startswith(f"{stream}\t")]
             state = row.split("\t")[1]
             assert state.startswith(("running", "falling behind")), row
@@ -281,7 +294,7 @@ def test_a_two_day_backfill_from_the_ui_dialog_rebuilds_exactly_its_days(live,
 
 def test_a_killed_streaming_driver_is_restarted(live) -> None:
     settings = make_settings(live.root)
-    beats = heartbeat.heartbeat_file(settings, ["bronze", "silver", "gold"])
+    beats = heartbeat.heartbeat_file(settings, registry.LAYERS)
     killed = json.loads(beats.read_text())["pid"]
     os.kill(killed, signal.SIGKILL)
 
