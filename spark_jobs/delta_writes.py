@@ -237,15 +237,16 @@ def delta_source_read_before(offset: dict[str, Any]) -> int:
 
 def fully_read_before(checkpoint: str) -> int | None:
     """The version of its Delta source before which a query has processed every row in
-    committed batches (exclusive); None when it has no checkpoint. A version it has read in
-    part counts as unread, and so does everything while it still reads its starting snapshot
-    (which holds the rows of all earlier versions): 0, as before its first batch."""
+    committed batches (exclusive); None when it has no checkpoint, or reads no Delta source
+    (the alert stream reading Kafka). A version it has read in part counts as unread, and so
+    does everything while it still reads its starting snapshot (which holds the rows of all
+    earlier versions): 0, as before its first batch."""
     if not (lake_path(checkpoint) / "offsets").is_dir():
         return None
     position = _source_offset(checkpoint, None)
     if position is None or position.get("isStartingVersion"):
         return 0
-    return position["reservoirVersion"]
+    return position.get("reservoirVersion")
 
 
 @contextmanager

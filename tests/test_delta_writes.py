@@ -137,3 +137,21 @@ def test_only_a_run_s_first_batch_looks_for_an_earlier_attempt(tmp_path, monkeyp
     another_run(Batch(), 9)
     assert asked == [(4, True), (5, False), (6, False), (7, False), (7, True), (8, False),
                      (9, False), (9, True)]
+
+
+def test_a_query_reading_kafka_holds_no_delta_position(tmp_path) -> None:
+    # The alert stream reads bronze's table with the landing zone, the topic with Kafka:
+    # VACUUM asks every stream what it has yet to read of its Delta source.
+    from spark_jobs.delta_writes import fully_read_before
+
+    checkpoint = tmp_path / "ops_alerts"
+    for folder in ("offsets", "commits"):
+        (checkpoint / folder).mkdir(parents=True)
+    (checkpoint / "commits" / "0").write_text("v1\n{}\n")
+    metadata = '{"batchWatermarkMs":0,"batchTimestampMs":1795800000000,"conf":{}}'
+    (checkpoint / "offsets" / "0").write_text(f'v1\n{metadata}\n{{"clicks":{{"0":42}}}}\n')
+    assert fully_read_before(str(checkpoint)) is None
+    (checkpoint / "offsets" / "0").write_text(
+        f'v1\n{metadata}\n{{"sourceVersion":1,"reservoirId":"r","reservoirVersion":7,'
+        f'"index":-1,"isStartingVersion":false}}\n')
+    assert fully_read_before(str(checkpoint)) == 7
