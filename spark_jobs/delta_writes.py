@@ -246,7 +246,11 @@ def fully_read_before(checkpoint: str) -> int | None:
     position = _source_offset(checkpoint, None)
     if position is None or position.get("isStartingVersion"):
         return 0
-    return position.get("reservoirVersion")
+    if "reservoirVersion" in position:
+        return position["reservoirVersion"]
+    if position and all(isinstance(partitions, dict) for partitions in position.values()):
+        return None  # Kafka's: {topic: {partition: offset}}
+    raise ValueError(f"{checkpoint}: an offset of no known source: {position}")
 
 
 @contextmanager

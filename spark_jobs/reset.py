@@ -89,18 +89,22 @@ def reset(spark: SparkSession, settings: Settings, layer: str) -> ResetOutcome:
             if reset_layer == "silver":
                 adopt_first_deliveries(spark, settings)
 
-        dates = (read_table(spark, settings, silver.TABLE)
-                 .agg(F.min("event_date").alias("first"), F.max("event_date").alias("last"))
-                 .first())
-        if "gold" in layers and dates.first is not None:
-            rebuild_gold(spark, settings, DateRange(dates.first, dates.last), dry_run=False)
+        dates = None  # the range gold was rebuilt for
+        if "gold" in layers:
+            dates = (read_table(spark, settings, silver.TABLE)
+                     .agg(F.min("event_date").alias("first"), F.max("event_date").alias("last"))
+                     .first())
+            if dates.first is None:
+                dates = None
+            else:
+                rebuild_gold(spark, settings, DateRange(dates.first, dates.last),
+                             dry_run=False)
         rows = {spec.name: read_table(spark, settings, spec).count()
                 for reset_layer in layers for spec in TABLES[reset_layer]}
         for reset_layer in layers:
             checkpoints.reset_marker(settings, reset_layer).unlink(missing_ok=True)
     return ResetOutcome(layers, rows,
-                        None if "gold" not in layers or dates.first is None
-                        else (str(dates.first), str(dates.last)),
+                        None if dates is None else (str(dates.first), str(dates.last)),
                         round((datetime.now(UTC) - started).total_seconds(), 1))
 
 

@@ -155,3 +155,7 @@ def test_a_query_reading_kafka_holds_no_delta_position(tmp_path) -> None:
         f'v1\n{metadata}\n{{"sourceVersion":1,"reservoirId":"r","reservoirVersion":7,'
         f'"index":-1,"isStartingVersion":false}}\n')
     assert fully_read_before(str(checkpoint)) == 7
+    # Any other shape is an error, not a reason to let VACUUM remove what may be unread.
+    (checkpoint / "offsets" / "0").write_text(f'v1\n{metadata}\n{{"logOffset":3}}\n')
+    with pytest.raises(ValueError, match="no known source"):
+        fully_read_before(str(checkpoint))

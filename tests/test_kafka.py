@@ -358,7 +358,7 @@ def test_alerts_from_kafka_are_published_at_least_once_and_recorded_once_across_
     # The next driver replays that batch: the same alerts, published again, recorded once.
     stream = start_stream(lake, "ops", "--trigger", "1s", env=env)
     recorded_table = Path(alerts.TABLE.path(settings))
-    wait_for_commits(recorded_table, 2, stream)  # created, then the MERGE
+    wait_for_commits(recorded_table, 2, stream)  # created, then the append
     stream.send_signal(signal.SIGTERM)
     assert stream.wait(timeout=120) == 0, stream.log()[-3000:]
 
