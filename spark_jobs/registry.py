@@ -155,8 +155,8 @@ def streams() -> list[Table]:
 def trigger_of(settings: Settings, query_name: str) -> str:
     """The processing-time trigger ``query_name`` runs on continuously: its own setting
     where it reads Kafka; otherwise the driver's, since a stream reading a table of the
-    lake cannot be faster than the stream writing it (measured: the alert stream polling
-    bronze every second, beside the tables' streams, made the test suite 60% slower)."""
+    lake cannot be faster than the stream writing it: polling it faster only takes cores
+    from the other streams."""
     table = next(table for table in streams() if table.stream == query_name)
     if settings.source != "kafka":
         return settings.trigger_interval
