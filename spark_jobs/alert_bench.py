@@ -17,7 +17,6 @@ import json
 import math
 import random
 import shutil
-import socket
 import statistics
 import threading
 import time
@@ -34,16 +33,6 @@ if TYPE_CHECKING:
 
 TOPIC, ALERT_TOPIC = "bench-clicks", "bench-alerts"
 WARM_UP_SECONDS = 15.0
-
-
-def _free_port_pair() -> int:
-    """A port whose next one is free too: the broker's listener and its controller's."""
-    while True:
-        with socket.socket() as probe:
-            probe.bind((services.LOOPBACK, 0))
-            port = probe.getsockname()[1]
-        if port < 65000 and not services.port_open(port + 1):
-            return port
 
 
 def _click(event_id: str, ip: str, at: datetime, event_type: str = "click") -> bytes:
@@ -130,7 +119,7 @@ def run(spark: SparkSession, settings: Settings, seconds: float = 105.0,
     shutil.rmtree(settings.root, ignore_errors=True)
     settings = settings.replace(
         source="kafka", kafka_topic=TOPIC, alert_topic=ALERT_TOPIC,
-        kafka_bootstrap_servers=f"{services.LOOPBACK}:{_free_port_pair()}")
+        kafka_bootstrap_servers=f"{services.LOOPBACK}:{services.free_kafka_port()}")
     broker = services.SERVICES["kafka"]
     broker.start(settings)
     try:

@@ -188,6 +188,17 @@ def port_open(port: int, host: str = LOOPBACK) -> bool:
         return probe.connect_ex((host, port)) == 0
 
 
+def free_kafka_port() -> int:
+    """A free port on loopback whose next one is free too: a broker's listener and its
+    controller's (for a broker of its own: a test's, a benchmark's)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind((LOOPBACK, 0))
+            port = probe.getsockname()[1]
+        if port < 65000 and not port_open(port + 1):
+            return port
+
+
 def java() -> str:
     home = os.environ.get("JAVA_HOME")
     binary = str(Path(home) / "bin" / "java") if home else shutil.which("java")

@@ -19,12 +19,11 @@ from spark_jobs import audit, kafka_topic, streaming
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import ConfigError, Settings
 from spark_jobs.ops import alerts
-from spark_jobs.services import port_open
+from spark_jobs.services import free_kafka_port
 from spark_jobs.tables import read as read_table
 from tests.conftest import make_settings
 from tests.processes import (
     committed_versions,
-    free_port,
     generate,
     run_lakehouse,
     start_stream,
@@ -58,17 +57,9 @@ class Broker:
                 **extra}
 
 
-def free_port_pair() -> int:
-    """A port whose next one is free too: the broker's listener and its controller's."""
-    while True:
-        port = free_port()
-        if port < 65000 and not port_open(port + 1):
-            return port
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    broker = Broker(tmp_path_factory.mktemp("kafka-services"), free_port_pair())
+    broker = Broker(tmp_path_factory.mktemp("kafka-services"), free_kafka_port())
     started = broker.services("start")
     assert started.returncode == 0, started.stderr
     yield broker
