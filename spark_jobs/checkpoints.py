@@ -15,11 +15,20 @@ rebuilds the layer under the new values. A change in the code itself (a differen
 aggregation key) is found by Spark's own state schema check when the first batch loads the
 state; the stream runner adds the same runbook to that error. A checkpoint from before this
 record adopts the values of its first start after it.
+
+A kill can also leave a checkpoint Spark will not start on at all: Spark writes each entry of
+its offset and commit logs under a temporary name (``.0.<uuid>.tmp``, beside Hadoop's
+``..0.<uuid>.tmp.crc``) and renames it when whole. Killed between the two at a stateful
+query's first batch, the folder holds nothing but the temporary file, and Spark 4 refuses the
+restart (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``: the offsets of a query at batch 0
+should be empty). Such a file is never read, so every start removes them first
+(``remove_interrupted_writes``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -28,6 +37,12 @@ from spark_jobs.config import ConfigError, Settings, interval_seconds
 from spark_jobs.storage import lake_path
 
 RECORD = "lakehouse-state-settings.json"
+
+# Spark's logs of a stream's batches, and the name it writes an entry under until it is whole
+# (CheckpointFileManager's rename-based stream; Hadoop's checksum adds the ``.crc`` twin).
+BATCH_LOGS = ("offsets", "commits")
+INTERRUPTED_WRITE = re.compile(
+    r"^\.\.?\d+\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.tmp(\.crc)?$")
 
 # Spark's errors for state that the query as now written cannot read (Spark 4 error
 # classes, and the older wording for an operator that moved).
@@ -75,6 +90,22 @@ def check_compatible(settings: Settings, layer: str, stream: ModuleType) -> None
         if current.keys() <= recorded.keys():
             return
     write_record(checkpoint, RECORD, {**recorded, **current})
+
+
+def remove_interrupted_writes(settings: Settings, stream: ModuleType) -> list[str]:
+    """Remove the log entries a kill left half-written in ``stream``'s checkpoint (the
+    caller holds its lease, so no query writes there); return their names."""
+    checkpoint = lake_path(settings.checkpoint(stream.QUERY_NAME))
+    removed = []
+    for log_name in BATCH_LOGS:
+        folder = checkpoint / log_name
+        if not folder.exists():
+            continue
+        for entry in folder.iterdir():
+            if INTERRUPTED_WRITE.match(entry.name):
+                entry.unlink()
+                removed.append(f"{log_name}/{entry.name}")
+    return removed
 
 
 def read_record(checkpoint: Path, name: str) -> dict[str, str]:

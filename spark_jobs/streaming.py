@@ -79,10 +79,14 @@ def _start_layer(spark: SparkSession, settings: Settings, layer: str,
 
 def _check_checkpoints(settings: Settings, layers: Sequence[str]) -> None:
     """Every stream of ``layers`` can resume on its checkpoint; checked before any starts,
-    so a refused one leaves none running."""
+    so a refused one leaves none running. What a kill left half-written goes first."""
     for layer in layers:
         for module in LAYERS[layer]:
-            checkpoints.check_compatible(settings, layer, importlib.import_module(module))
+            stream = importlib.import_module(module)
+            if removed := checkpoints.remove_interrupted_writes(settings, stream):
+                log.info("%s: removed what a kill left half-written in its checkpoint: %s",
+                         stream.QUERY_NAME, ", ".join(removed))
+            checkpoints.check_compatible(settings, layer, stream)
 
 
 def _layer_of(query_name: str) -> str:

@@ -2,16 +2,20 @@
 and maintenance and reprocessing run beside them, at crash points, then drained and proven
 exact; and proof that it can fail."""
 
+import importlib
 import json
 import subprocess
+import uuid
+from pathlib import Path
 
 import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from spark_jobs import chaos, faults
+from spark_jobs import chaos, checkpoints, faults, streaming
 from spark_jobs.gold import campaign_stats
 from spark_jobs.silver import ad_events as silver
+from spark_jobs.storage import write_atomically
 from tests.conftest import cli_env, lakehouse_command, make_settings
 
 pytestmark = pytest.mark.integration
@@ -27,6 +31,38 @@ def test_a_crash_point_is_checked_and_inert_unless_named(monkeypatch) -> None:
     # Another point named: passing this one does nothing (the test process lives on).
     monkeypatch.setenv(faults.CRASH_AT_VARIABLE, "gold_campaign_stats.after_ledger")
     faults.crash_point("silver_ad_events.after_quarantine")
+
+
+def test_a_kill_at_a_streams_first_offset_write_does_not_block_its_restart(spark,
+                                                                            settings) -> None:
+    # What the chaos battery once left in ops_alerts (a SIGKILL while Spark wrote the first
+    # entry of its offset log): the temporary file and its checksum, no entry, no commit.
+    # Spark 4 refuses a stateful query at batch 0 beside them; planted in every stream's
+    # checkpoint, each of the six must still start and commit its first batch.
+    names = [importlib.import_module(module).QUERY_NAME
+             for modules in streaming.LAYERS.values() for module in modules]
+    for name in names:
+        offsets = Path(settings.checkpoint(name)) / "offsets"
+        offsets.mkdir(parents=True)
+        half_written = f".0.{uuid.uuid4()}.tmp"
+        (offsets / half_written).write_text("v1\n", "utf-8")
+        (offsets / f".{half_written}.crc").write_bytes(b"crc")
+    # Something for every stream to read: a campaign, and two valid events (each reaches
+    # silver once).
+    write_atomically(settings.landing_campaigns, "campaigns.jsonl", json.dumps(
+        {"ad_id": "ad-1", "campaign_id": "c-1", "valid_from": "2026-01-01T00:00:00Z"}).encode())
+    write_atomically(settings.landing_events, "1.jsonl", "".join(
+        json.dumps({"event_id": f"e{n}", "event_time": "2026-11-20T09:00:00Z",
+                    "event_type": "view", "ad_id": "ad-1", "user_id": "u-1"}) + "\n"
+        for n in (1, 2)).encode())
+
+    streaming.run_available_now(spark, settings, list(streaming.LAYERS))
+
+    for name in names:
+        entries = [entry.name for entry in (Path(settings.checkpoint(name)) / "offsets").iterdir()]
+        assert "0" in entries, name
+        assert not any(checkpoints.INTERRUPTED_WRITE.match(entry) for entry in entries), name
+    assert spark.read.format("delta").load(silver.TABLE.path(settings)).count() == 2
 
 
 def test_three_kills_lose_and_duplicate_nothing_and_a_damaged_lake_is_caught(spark,
