@@ -56,7 +56,7 @@ SCHEDULE: tuple[str | None, ...] = (
     "bronze_ad_events.after_batch",
     "gold_campaign_stats.after_ledger",
     None,
-    "silver_ad_events.between_merges",
+    "silver_ad_events.after_quarantine+1.5",
     "silver_ad_events.after_quarantine+0.5",
     None,
     "silver_ad_events.after_batch",

@@ -270,6 +270,21 @@ def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[N
         spark.conf.unset(TXN_VERSION)
 
 
+@contextmanager
+def session_setting(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    """``key`` set to ``value`` in ``spark`` (a micro-batch's own session, as above) for
+    the work inside, then as it was."""
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
 # A timestamp as SQL literal text with its offset: without one, a literal is read in the
 # session time zone, and a time in an hour that a zone repeats in autumn could come back an
 # hour off.

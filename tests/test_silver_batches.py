@@ -3,9 +3,11 @@
 import json
 from datetime import datetime, timedelta
 
+import pytest
 from pyspark.sql import functions as F
 
 from spark_jobs.audit import account
+from spark_jobs.config import interval_seconds
 from spark_jobs.delta_reader import latest_version
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
@@ -196,6 +198,65 @@ def test_a_batch_looks_only_at_the_silver_files_around_its_own_event_times(spark
     assert sorted(row.event_id for row in silver_rows(spark, settings))[-2:] == [
         "new-1", "new-2"]
     assert len(silver_rows(spark, settings)) == 17
+
+
+# Ingested at 12:00: three views a minute old (on time), three five hours late on the same
+# date, one a day late.
+LATE = ["2026-11-22T06:59:00Z", "2026-11-22T07:30:00Z", "2026-11-22T08:00:00Z",
+        "2026-11-21T12:00:00Z"]
+
+
+def on_time_and_late(spark):
+    return bronze_frame(spark, [*(view(f"on-{n}") for n in range(3)),
+                                *(view(f"late-{n}", when) for n, when in enumerate(LATE))])
+
+
+def merges_and_files(spark, settings) -> tuple[int, list]:
+    """How many MERGEs silver committed; per file, its classes of event and rows."""
+    path = silver.TABLE.path(settings)
+    operations = [row.operation for row in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()]
+    on_time = F.abs(F.col("event_time").cast("long") - F.col("ingested_at").cast("long")) <= (
+        interval_seconds(settings.watermark_delay))
+    files = (spark.read.format("delta").load(path)
+             .groupBy(F.col("_metadata.file_path").alias("file"))
+             .agg(F.collect_set(on_time).alias("classes"), F.count("*").alias("rows"))
+             .collect())
+    return operations.count("MERGE"), sorted((sorted(row.classes), row.rows) for row in files)
+
+
+# One file per class and date: the on-time events' (one date), the late ones' (two dates).
+SEPARATE_FILES = [([False], 1), ([False], 3), ([True], 3)]
+
+
+def test_a_batch_of_both_classes_is_one_merge_whose_files_do_not_mix_them(spark,
+                                                                          settings) -> None:
+    prepare(spark, settings)
+    # Silver is empty, so Spark broadcasts its rows in scope: one MERGE.
+    silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
+    assert merges_and_files(spark, settings) == (1, SEPARATE_FILES)
+
+
+def test_where_the_join_would_shuffle_each_class_has_a_merge_and_a_replay_finishes_it(
+        spark, settings, monkeypatch) -> None:
+    prepare(spark, settings)
+    no_broadcast = "spark.sql.autoBroadcastJoinThreshold"
+    before = spark.conf.get(no_broadcast)
+    spark.conf.set(no_broadcast, "-1")  # as for a scope too large to broadcast
+    try:
+        # Killed after the on-time MERGE committed, before the other one ...
+        def crash(point: str) -> None:
+            if point == "silver_ad_events.between_merges":
+                raise RuntimeError("killed")
+        monkeypatch.setattr(silver, "crash_point", crash)
+        with pytest.raises(RuntimeError, match="killed"):
+            silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
+        assert merges_and_files(spark, settings) == (1, [([True], 3)])
+        # ... the batch replayed: the on-time MERGE is not applied again, the other is.
+        monkeypatch.undo()
+        silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
+    finally:
+        spark.conf.set(no_broadcast, before)
+    assert merges_and_files(spark, settings) == (2, SEPARATE_FILES)
 
 
 def test_every_copy_is_found_whatever_class_and_minute_it_comes_in(spark, settings) -> None:

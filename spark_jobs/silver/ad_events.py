@@ -5,11 +5,11 @@ keeps the first delivery's bronze identity. Partitioned by ``event_date`` (UTC),
 ranges prune, and a late event lands in its own date.
 
 Deduplication is exact across all history, at a cost that does not grow with silver: each
-micro-batch is deduplicated in itself, then inserted with insert-only MERGEs on
+micro-batch is deduplicated in itself, then inserted with an insert-only MERGE on
 ``event_id`` scoped to the batch's own event times (an event_id always comes with the same
 event_time, so a copy already in silver lies within them). Delta skips every file whose
 event-time statistics miss those times; see ``insert_new_events`` for why few overlap. The
-MERGEs carry the query id and batch id as a Delta transaction identifier, and the quarantine
+MERGE carries the query id and batch id as a Delta transaction identifier, and the quarantine
 rows the batch's own time (``delta_writes.append_once``), so a batch replayed after a crash
 is not applied twice.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, date, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Window
 from pyspark.sql import functions as F
@@ -38,6 +38,7 @@ from spark_jobs.config import Settings, interval_seconds
 from spark_jobs.delta_writes import (
     idempotent_dml,
     planned_time,
+    session_setting,
     start_exactly_once,
     time_bounds,
 )
@@ -105,15 +106,21 @@ def first_deliveries(events: DataFrame) -> DataFrame:
 
 # A MERGE looks at silver's files whose event times overlap its events' in at most this many
 # ranges (a range per minute of event time that holds events, the closest ones joined past
-# this many), so a straggler costs the few files around its own time. Delta turns the ranges
+# this many; shared by the classes of event a batch holds), so a straggler costs the few
+# files around its own time. Delta turns the ranges
 # into one data-skipping filter over the table's file statistics; past about a hundred, its
 # generated code no longer compiles (64 KB) and every batch pays for the failed compilation.
 MAX_TIME_SLICES = 32
 
 
-# The insert's MERGEs, per class of event (on time or not), and the name each one's
-# transaction identifier carries.
-MERGES = ((True, "on-time"), (False, "others"))
+# The names the insert's MERGEs carry in their transaction identifiers: one for both classes,
+# or one per class.
+INSERT = "insert"
+CLASS_INSERTS = {True: "on-time", False: "others"}
+
+# Delta's own repartitioning of a MERGE's output by the table's partition column, off for a
+# MERGE of both classes: it would put both classes of a date in one file.
+REPARTITION_BEFORE_WRITE = "spark.databricks.delta.merge.repartitionBeforeWrite.enabled"
 
 
 def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataFrame, *,
@@ -121,43 +128,72 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
     """Insert the first delivery (``first_deliveries``) of each event whose event_id silver
     does not hold yet.
 
-    Two insert-only MERGEs: the *on-time* events (event time within ``watermark_delay`` of
-    their ingestion, the bulk of a feed) and the others (late, or early by clock skew). So
-    the files an on-time MERGE writes cover only a few minutes of event time, and a later
-    MERGE, scoped to its own events' times, reads the files of the last few batches and the
-    small files of stragglers, not the whole date: its cost is set by the feed, not by
-    silver's size. With ``app_id``, each MERGE is applied at most once per ``version``.
+    Insert-only MERGEs whose files each hold one class of event: the *on-time* events
+    (event time within ``watermark_delay`` of their ingestion, the bulk of a feed) or the
+    others (late, or early by clock skew). So the files of on-time events cover only a few
+    minutes of event time, and a later MERGE, scoped to its own events' times, reads the
+    files of the last few batches and the small files of stragglers, not the whole date:
+    its cost is set by the feed, not by silver's size. One MERGE for both classes where
+    Spark joins the batch to silver's rows in scope by broadcasting those (the join then
+    keeps the batch's partitions, one per class); one per class where it would shuffle
+    them (a shuffle by event_id would mix the classes in every file). With ``app_id``, each
+    MERGE is applied at most once per ``version``.
     """
     from delta.tables import DeltaTable
 
     # The scopes come from every delivery, which holds each first delivery's time and
-    # class, without waiting for the deduplication; a batch of one class then deduplicates
-    # once, inside its MERGE, and only a batch with both caches its first deliveries. (A
-    # later delivery of another class than its event's first, rare, only widens a scope or
-    # adds a MERGE that inserts nothing.)
-    slices = merge_scopes(deliveries, settings)
+    # class, without waiting for the deduplication. (A later delivery of another class than
+    # its event's first, rare, only widens a scope or adds a MERGE that inserts nothing.)
+    scopes = merge_scopes(deliveries, settings)
+    if not scopes:
+        return
     classified = _classified(first_deliveries(deliveries), settings)
-    if len(slices) > 1:
-        classified = classified.persist()
+    target = DeltaTable.forPath(spark, TABLE.path(settings))
+    if len(scopes) == 1 or _broadcast_join(target, _by_class(classified), scopes):
+        groups = [tuple(scopes)]
+    else:
+        groups = [(on_time_class,) for on_time_class in scopes]
+        classified = classified.persist()  # read by each MERGE
     try:
-        target = DeltaTable.forPath(spark, TABLE.path(settings))
-        for on_time_class, name in MERGES:
-            if on_time_class not in slices:
-                continue
-            if on_time_class is not MERGES[0][0] and MERGES[0][0] in slices:
+        for number, classes in enumerate(groups):
+            if number:
                 crash_point("silver_ad_events.between_merges")  # the first one committed
-            source = classified.where(F.col("_on_time") == on_time_class).drop("_on_time")
+            name = INSERT if len(classes) > 1 else CLASS_INSERTS[classes[0]]
+            source = _by_class(classified.where(F.col("_on_time").isin(*classes)))
             merge = (target.alias("t")
-                     .merge(source.alias("s"),
-                            f"{slices[on_time_class]} AND t.event_id = s.event_id")
+                     .merge(source.alias("s"), f"{_any_of(scopes, classes)} "
+                                               f"AND t.event_id = s.event_id")
                      .whenNotMatchedInsertAll())
-            if app_id is None:
-                merge.execute()
-            else:
-                with idempotent_dml(spark, f"{app_id}/{name}", version):
+            with (session_setting(spark, REPARTITION_BEFORE_WRITE, str(len(classes) == 1))):
+                if app_id is None:
                     merge.execute()
+                else:
+                    with idempotent_dml(spark, f"{app_id}/{name}", version):
+                        merge.execute()
     finally:
         classified.unpersist()
+
+
+def _by_class(classified: DataFrame) -> DataFrame:
+    """Each class in a Spark partition of its own: Spark's hash partitioning (Murmur3, seed
+    42) sends the key 2 to the first of two partitions and 1 to the second."""
+    return (classified.repartition(2, F.when(F.col("_on_time"), F.lit(2)).otherwise(F.lit(1)))
+            .drop("_on_time"))
+
+
+def _any_of(scopes: dict[bool, str], classes: tuple[bool, ...]) -> str:
+    return "(" + " OR ".join(f"({scopes[on_time_class]})" for on_time_class in classes) + ")"
+
+
+def _broadcast_join(target: Any, source: DataFrame, scopes: dict[bool, str]) -> bool:
+    """Whether Spark plans the insert's join of ``source`` to silver's rows in ``scopes``
+    by broadcasting those rows, as it will for the MERGE (the same join, the same
+    statistics; planned, not run)."""
+    rows = target.toDF().alias("t").where(_any_of(scopes, tuple(scopes))).select("event_id")
+    plan = (source.alias("s").join(rows, F.col("s.event_id") == F.col("t.event_id"),
+                                   "left_anti")
+            ._jdf.queryExecution().executedPlan().toString())
+    return "BroadcastHashJoin" in plan
 
 
 def adopt_earlier_deliveries(spark: SparkSession, settings: Settings, events: DataFrame
@@ -205,15 +241,16 @@ def _time_slices(classified: DataFrame) -> dict[bool, str]:
                .groupBy("_on_time", "event_date", F.date_trunc("minute", "event_time"))
                .agg(*time_bounds("event_time"))
                .collect())
+    classes = [on_time_class for on_time_class in (True, False)
+               if any(r["_on_time"] == on_time_class for r in minutes)]
     predicates = {}
-    for on_time_class in (True, False):
+    for on_time_class in classes:
         spans = [(r.event_date, r["first"], r["last"]) for r in minutes
                  if r["_on_time"] == on_time_class]
-        if not spans:
-            continue
         days = ", ".join(sorted({f"DATE'{day.isoformat()}'" for day, _, _ in spans}))
         ranges = " OR ".join(f"t.event_time BETWEEN TIMESTAMP'{first}' AND TIMESTAMP'{last}'"
-                             for first, last in _joined(spans, MAX_TIME_SLICES))
+                             for first, last in _joined(spans,
+                                                        MAX_TIME_SLICES // len(classes)))
         predicates[on_time_class] = f"t.event_date IN ({days}) AND ({ranges})"
     return predicates
 
@@ -267,10 +304,10 @@ def place(spark: SparkSession, batch: DataFrame, app_id: str, version: int, *,
 
 
 def _inserted_before(settings: Settings, app_id: str, version: int) -> bool:
-    """Whether a MERGE of batch ``version`` already committed: an earlier attempt at the
+    """Whether the insert of batch ``version`` already committed: an earlier attempt at the
     batch got past its quarantine step."""
-    applied = delta_reader.transaction_versions(TABLE.path(settings),
-                                                [f"{app_id}/{name}" for _, name in MERGES])
+    applied = delta_reader.transaction_versions(
+        TABLE.path(settings), [f"{app_id}/{name}" for name in (INSERT, *CLASS_INSERTS.values())])
     return any(recorded is not None and recorded >= version for recorded in applied)
 
 
