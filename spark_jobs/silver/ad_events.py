@@ -187,8 +187,10 @@ def _any_of(scopes: dict[bool, str], classes: tuple[bool, ...]) -> str:
 
 def _broadcast_join(target: Any, source: DataFrame, scopes: dict[bool, str]) -> bool:
     """Whether Spark plans the insert's join of ``source`` to silver's rows in ``scopes``
-    by broadcasting those rows, as it will for the MERGE (the same join, the same
-    statistics; planned, not run)."""
+    by broadcasting those rows (planned, not run). The MERGE plans the same join over the
+    same files; its estimate of their size can differ a little from this one, so near
+    Spark's broadcast threshold a batch may take one MERGE and be shuffled after all: its
+    files then mix the classes (later scans read more, no row is wrong)."""
     rows = target.toDF().alias("t").where(_any_of(scopes, tuple(scopes))).select("event_id")
     plan = (source.alias("s").join(rows, F.col("s.event_id") == F.col("t.event_id"),
                                    "left_anti")
