@@ -3,9 +3,9 @@
 While a feed keeps landing messy events, the streaming driver of every layer (the process
 Airflow's streaming DAG runs) is killed with SIGKILL again and again: at random moments,
 wherever it happens to be, and at the crash points of ``spark_jobs.faults``, the short
-windows exactly-once hinges on (the quarantine appended but nothing inserted, one of
-silver's MERGEs committed, gold's late-data ledger written before its MERGE, a batch
-written but not in the checkpoint's commit log, a MERGE under way). Each time it is started
+windows exactly-once hinges on (the quarantine appended but nothing inserted, silver's
+insert under way, gold's late-data ledger written before its MERGE, a batch written but
+not in the checkpoint's commit log, a MERGE under way). Each time it is started
 again as the supervisor starts it. Then the feed stops, the streams drain, and the battery
 proves, against the generator's own count of what it delivered:
 
@@ -73,7 +73,9 @@ for _spec in SCHEDULE:  # a typo in the schedule fails at import, not after minu
         parse(_spec)
 
 # A heavy share of every kind of mess, so each batch exercises every path (a quarantine
-# append, late and on-time MERGEs, the late-data ledger) and every reason is counted.
+# append, late and on-time events in silver's insert, the late-data ledger) and every
+# reason is counted. (Its batches are small, so silver inserts both classes with one MERGE;
+# the kill between two MERGEs is tests/test_silver_batches.py's.)
 MESS = {"malformed": 0.03, "missing_field": 0.03, "bad_time": 0.02, "future_time": 0.01,
         "unknown_type": 0.01, "bad_price": 0.02, "duplicate": 0.08, "late": 0.05,
         "long_line": 0.001}

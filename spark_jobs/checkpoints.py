@@ -18,10 +18,11 @@ record adopts the values of its first start after it.
 
 A kill can also leave a checkpoint Spark will not start on at all: Spark writes each entry of
 its offset and commit logs under a temporary name (``.0.<uuid>.tmp``, beside Hadoop's
-``..0.<uuid>.tmp.crc``) and renames it when whole. Killed between the two at a stateful
+``..0.<uuid>.tmp.crc`` on local disk) and renames it when whole. Killed between the two at a
 query's first batch, the folder holds nothing but the temporary file, and Spark 4 refuses the
-restart (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``: the offsets of a query at batch 0
-should be empty). Such a file is never read, so every start removes them first
+restart of any query, stateful or not (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``: the
+offsets of a query at batch 0 should be empty). Such a file is never read (Spark reads only
+entries named by their batch number), so every start removes them first
 (``remove_interrupted_writes``).
 """
 

@@ -42,10 +42,10 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # few times and dropped: encoding the cached columns cost more than it saved
         # (validating and caching a million records: 16.5 s, 13 s without).
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
-        # Five streams share the driver, each in a pool of its own (``streaming``): FAIR
-        # lets the short jobs of one run beside another's long one instead of queueing
-        # behind it (a feed of 2,000 events/s on 2 cores: latency p50 22 s, p99 29 s,
-        # against 31 s and 37 s under FIFO, side by side).
+        # The streams share the driver (six since the alert stream), each in a pool of its
+        # own (``streaming``): FAIR lets the short jobs of one run beside another's long one
+        # instead of queueing behind it (five streams, a feed of 2,000 events/s on 2 cores:
+        # latency p50 22 s, p99 29 s, against 31 s and 37 s under FIFO, side by side).
         "spark.scheduler.mode": "FAIR",
         # Progress goes to the project's own table; the UI would only cost a port and memory.
         "spark.ui.enabled": "false",

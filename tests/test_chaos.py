@@ -37,7 +37,7 @@ def test_a_kill_at_a_streams_first_offset_write_does_not_block_its_restart(spark
                                                                             settings) -> None:
     # What the chaos battery once left in ops_alerts (a SIGKILL while Spark wrote the first
     # entry of its offset log): the temporary file and its checksum, no entry, no commit.
-    # Spark 4 refuses a stateful query at batch 0 beside them; planted in every stream's
+    # Spark 4 refuses any query at batch 0 beside them; planted in every stream's
     # checkpoint, each of the six must still start and commit its first batch.
     names = [importlib.import_module(module).QUERY_NAME
              for modules in streaming.LAYERS.values() for module in modules]

@@ -259,6 +259,53 @@ def test_where_the_join_would_shuffle_each_class_has_a_merge_and_a_replay_finish
     assert merges_and_files(spark, settings) == (2, SEPARATE_FILES)
 
 
+def test_a_replay_that_takes_the_other_path_inserts_each_event_once(spark, settings,
+                                                                    monkeypatch) -> None:
+    prepare(spark, settings)
+    no_broadcast = "spark.sql.autoBroadcastJoinThreshold"
+    before = spark.conf.get(no_broadcast)
+    spark.conf.set(no_broadcast, "-1")
+    try:
+        # Killed between the two MERGEs of a batch whose join would shuffle ...
+        def crash(point: str) -> None:
+            if point == "silver_ad_events.between_merges":
+                raise RuntimeError("killed")
+        monkeypatch.setattr(silver, "crash_point", crash)
+        with pytest.raises(RuntimeError, match="killed"):
+            silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
+    finally:
+        spark.conf.set(no_broadcast, before)
+    monkeypatch.undo()
+    # ... and replayed where it broadcasts: one MERGE of both classes, which finds the
+    # on-time events already in and inserts the late ones, each once, in files of their own.
+    silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
+    assert merges_and_files(spark, settings) == (2, SEPARATE_FILES)
+
+
+def test_a_batch_inserted_by_one_merge_and_replayed_by_two_changes_nothing(spark,
+                                                                          settings) -> None:
+    prepare(spark, settings)
+    silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)  # one MERGE
+    no_broadcast = "spark.sql.autoBroadcastJoinThreshold"
+    before = spark.conf.get(no_broadcast)
+    spark.conf.set(no_broadcast, "-1")
+    try:  # replayed (killed before its checkpoint's commit) where the join would shuffle
+        silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
+    finally:
+        spark.conf.set(no_broadcast, before)
+    # The two MERGEs of the replay found every event in: the same seven rows and files.
+    assert merges_and_files(spark, settings)[1] == SEPARATE_FILES
+
+
+def test_a_batch_over_the_limit_takes_a_merge_per_class_without_asking(spark, settings,
+                                                                       monkeypatch) -> None:
+    prepare(spark, settings)
+    monkeypatch.setattr(silver, "ONE_MERGE_AT_MOST", 6)  # the batch has 7 deliveries
+    monkeypatch.setattr(silver, "_broadcast_join", lambda *args: pytest.fail("asked"))
+    silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
+    assert merges_and_files(spark, settings) == (2, SEPARATE_FILES)
+
+
 def test_every_copy_is_found_whatever_class_and_minute_it_comes_in(spark, settings) -> None:
     prepare(spark, settings)
     times = ["2026-11-22T11:59:30Z", "2026-11-22T11:58:59.999Z", "2026-11-21T23:59:59.999Z",

@@ -8,10 +8,12 @@ Deduplication is exact across all history, at a cost that does not grow with sil
 micro-batch is deduplicated in itself, then inserted with an insert-only MERGE on
 ``event_id`` scoped to the batch's own event times (an event_id always comes with the same
 event_time, so a copy already in silver lies within them). Delta skips every file whose
-event-time statistics miss those times; see ``insert_new_events`` for why few overlap. The
-MERGE carries the query id and batch id as a Delta transaction identifier, and the quarantine
-rows the batch's own time (``delta_writes.append_once``), so a batch replayed after a crash
-is not applied twice.
+event-time statistics miss those times; see ``insert_new_events`` for why few overlap (and
+when a batch takes two MERGEs). Each MERGE carries the query id and batch id as a Delta
+transaction identifier, and the quarantine rows the batch's own time
+(``delta_writes.append_once``): a batch replayed after a crash is skipped by Delta where it
+takes the same MERGEs again, and where it takes the other path its MERGEs find every event
+already there and insert nothing; it is never applied twice.
 """
 
 from __future__ import annotations
@@ -106,8 +108,8 @@ def first_deliveries(events: DataFrame) -> DataFrame:
 
 # A MERGE looks at silver's files whose event times overlap its events' in at most this many
 # ranges (a range per minute of event time that holds events, the closest ones joined past
-# this many; shared by the classes of event a batch holds), so a straggler costs the few
-# files around its own time. Delta turns the ranges
+# this many; the on-time events take at most half, usually a few, and the others the
+# rest), so a straggler costs the few files around its own time. Delta turns the ranges
 # into one data-skipping filter over the table's file statistics; past about a hundred, its
 # generated code no longer compiles (64 KB) and every batch pays for the failed compilation.
 MAX_TIME_SLICES = 32
@@ -117,6 +119,15 @@ MAX_TIME_SLICES = 32
 # or one per class.
 INSERT = "insert"
 CLASS_INSERTS = {True: "on-time", False: "others"}
+
+# The largest batch (deliveries) whose classes may share a MERGE. A MERGE's fixed cost (about
+# 1.5 s alone on 2 cores) is most of a small batch's insert, and finding out whether the
+# join broadcasts costs about half of that again; a larger batch's scope is seldom small
+# enough to broadcast, so it takes a MERGE per class without asking. The limit itself is a
+# guess between two measured cases: a batch of 1,250 deliveries gained about 0.8 s; one of
+# 20,000 into a full day of silver (the growth benchmark's) does not broadcast and would
+# pay the 0.8 s for asking.
+ONE_MERGE_AT_MOST = 5_000
 
 # Delta's own repartitioning of a MERGE's output by the table's partition column, off for a
 # MERGE of both classes: it would put both classes of a date in one file.
@@ -134,10 +145,10 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
     minutes of event time, and a later MERGE, scoped to its own events' times, reads the
     files of the last few batches and the small files of stragglers, not the whole date:
     its cost is set by the feed, not by silver's size. One MERGE for both classes where
-    Spark joins the batch to silver's rows in scope by broadcasting those (the join then
-    keeps the batch's partitions, one per class); one per class where it would shuffle
-    them (a shuffle by event_id would mix the classes in every file). With ``app_id``, each
-    MERGE is applied at most once per ``version``.
+    the batch is small (``ONE_MERGE_AT_MOST``) and Spark joins it to silver's rows in scope
+    by broadcasting those (the join then keeps the batch's partitions, one per class); one
+    per class otherwise (a shuffle by event_id would mix the classes in every file). With
+    ``app_id``, each MERGE is applied at most once per ``version``.
     """
     from delta.tables import DeltaTable
 
@@ -149,7 +160,8 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
         return
     classified = _classified(first_deliveries(deliveries), settings)
     target = DeltaTable.forPath(spark, TABLE.path(settings))
-    if len(scopes) == 1 or _broadcast_join(target, _by_class(classified), scopes):
+    if len(scopes) == 1 or (deliveries.count() <= ONE_MERGE_AT_MOST
+                            and _broadcast_join(target, _by_class(classified), scopes)):
         groups = [tuple(scopes)]
     else:
         groups = [(on_time_class,) for on_time_class in scopes]
@@ -159,12 +171,16 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
             if number:
                 crash_point("silver_ad_events.between_merges")  # the first one committed
             name = INSERT if len(classes) > 1 else CLASS_INSERTS[classes[0]]
-            source = _by_class(classified.where(F.col("_on_time").isin(*classes)))
+            # One class alone needs no partitions of its own: Delta's repartitioning by
+            # date (on for it) gives each date one file, as it always has.
+            source = (_by_class(classified) if len(classes) > 1 else
+                      classified.where(F.col("_on_time") == classes[0]).drop("_on_time"))
             merge = (target.alias("t")
                      .merge(source.alias("s"), f"{_any_of(scopes, classes)} "
                                                f"AND t.event_id = s.event_id")
                      .whenNotMatchedInsertAll())
-            with (session_setting(spark, REPARTITION_BEFORE_WRITE, str(len(classes) == 1))):
+            with session_setting(spark, REPARTITION_BEFORE_WRITE,
+                                 "true" if len(classes) == 1 else "false"):
                 if app_id is None:
                     merge.execute()
                 else:
@@ -243,16 +259,18 @@ def _time_slices(classified: DataFrame) -> dict[bool, str]:
                .groupBy("_on_time", "event_date", F.date_trunc("minute", "event_time"))
                .agg(*time_bounds("event_time"))
                .collect())
-    classes = [on_time_class for on_time_class in (True, False)
-               if any(r["_on_time"] == on_time_class for r in minutes)]
     predicates = {}
-    for on_time_class in classes:
+    budget = MAX_TIME_SLICES  # for both classes, which may share a MERGE's filter
+    for on_time_class in (True, False):
         spans = [(r.event_date, r["first"], r["last"]) for r in minutes
                  if r["_on_time"] == on_time_class]
+        if not spans:
+            continue
         days = ", ".join(sorted({f"DATE'{day.isoformat()}'" for day, _, _ in spans}))
+        joined = _joined(spans, budget // 2 if on_time_class else budget)
+        budget -= len(joined)
         ranges = " OR ".join(f"t.event_time BETWEEN TIMESTAMP'{first}' AND TIMESTAMP'{last}'"
-                             for first, last in _joined(spans,
-                                                        MAX_TIME_SLICES // len(classes)))
+                             for first, last in joined)
         predicates[on_time_class] = f"t.event_date IN ({days}) AND ({ranges})"
     return predicates
 
