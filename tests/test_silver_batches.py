@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 from spark_jobs.audit import account
 from spark_jobs.config import interval_seconds
 from spark_jobs.delta_reader import latest_version
+from spark_jobs.delta_writes import session_setting
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
@@ -236,48 +237,41 @@ def test_a_batch_of_both_classes_is_one_merge_whose_files_do_not_mix_them(spark,
     assert merges_and_files(spark, settings) == (1, SEPARATE_FILES)
 
 
+def join_would_shuffle(spark):
+    """Spark plans no broadcast join inside, as for a scope too large to broadcast."""
+    return session_setting(spark, "spark.sql.autoBroadcastJoinThreshold", "-1")
+
+
+def killed_between_merges(spark, settings, monkeypatch) -> None:
+    """The batch processed where its join would shuffle, killed after the on-time MERGE
+    committed and before the other one."""
+    def crash(point: str) -> None:
+        if point == "silver_ad_events.between_merges":
+            raise RuntimeError("killed")
+
+    monkeypatch.setattr(silver, "crash_point", crash)
+    with join_would_shuffle(spark), pytest.raises(RuntimeError, match="killed"):
+        silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
+    monkeypatch.undo()
+    assert merges_and_files(spark, settings) == (1, [([True], 3)])
+
+
 def test_where_the_join_would_shuffle_each_class_has_a_merge_and_a_replay_finishes_it(
         spark, settings, monkeypatch) -> None:
     prepare(spark, settings)
-    no_broadcast = "spark.sql.autoBroadcastJoinThreshold"
-    before = spark.conf.get(no_broadcast)
-    spark.conf.set(no_broadcast, "-1")  # as for a scope too large to broadcast
-    try:
-        # Killed after the on-time MERGE committed, before the other one ...
-        def crash(point: str) -> None:
-            if point == "silver_ad_events.between_merges":
-                raise RuntimeError("killed")
-        monkeypatch.setattr(silver, "crash_point", crash)
-        with pytest.raises(RuntimeError, match="killed"):
-            silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
-        assert merges_and_files(spark, settings) == (1, [([True], 3)])
-        # ... the batch replayed: the on-time MERGE is not applied again, the other is.
-        monkeypatch.undo()
+    killed_between_merges(spark, settings, monkeypatch)
+    # Replayed the same way: the on-time MERGE is not applied again, the other is.
+    with join_would_shuffle(spark):
         silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
-    finally:
-        spark.conf.set(no_broadcast, before)
     assert merges_and_files(spark, settings) == (2, SEPARATE_FILES)
 
 
 def test_a_replay_that_takes_the_other_path_inserts_each_event_once(spark, settings,
                                                                     monkeypatch) -> None:
     prepare(spark, settings)
-    no_broadcast = "spark.sql.autoBroadcastJoinThreshold"
-    before = spark.conf.get(no_broadcast)
-    spark.conf.set(no_broadcast, "-1")
-    try:
-        # Killed between the two MERGEs of a batch whose join would shuffle ...
-        def crash(point: str) -> None:
-            if point == "silver_ad_events.between_merges":
-                raise RuntimeError("killed")
-        monkeypatch.setattr(silver, "crash_point", crash)
-        with pytest.raises(RuntimeError, match="killed"):
-            silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
-    finally:
-        spark.conf.set(no_broadcast, before)
-    monkeypatch.undo()
-    # ... and replayed where it broadcasts: one MERGE of both classes, which finds the
-    # on-time events already in and inserts the late ones, each once, in files of their own.
+    killed_between_merges(spark, settings, monkeypatch)
+    # Replayed where it broadcasts: one MERGE of both classes, which finds the on-time
+    # events already in and inserts the late ones, each once, in files of their own.
     silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
     assert merges_and_files(spark, settings) == (2, SEPARATE_FILES)
 
@@ -286,14 +280,10 @@ def test_a_batch_inserted_by_one_merge_and_replayed_by_two_changes_nothing(spark
                                                                           settings) -> None:
     prepare(spark, settings)
     silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)  # one MERGE
-    no_broadcast = "spark.sql.autoBroadcastJoinThreshold"
-    before = spark.conf.get(no_broadcast)
-    spark.conf.set(no_broadcast, "-1")
-    try:  # replayed (killed before its checkpoint's commit) where the join would shuffle
+    # Replayed (killed before its checkpoint's commit) where the join would shuffle: the
+    # two MERGEs find every event in, and the seven rows and their files stay as they were.
+    with join_would_shuffle(spark):
         silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
-    finally:
-        spark.conf.set(no_broadcast, before)
-    # The two MERGEs of the replay found every event in: the same seven rows and files.
     assert merges_and_files(spark, settings)[1] == SEPARATE_FILES
 
 
