@@ -231,9 +231,8 @@ def adopt_earlier_deliveries(spark: SparkSession, settings: Settings, events: Da
         return "struct(" + ", ".join(f"{alias}.{name}" for name in DELIVERY_ORDER) + ")"
 
     earlier = f"{delivery('s')} < {delivery('t')}"
-    scope = " OR ".join(f"({predicate})" for predicate in scopes.values())
     (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")
-        .merge(events.alias("s"), f"({scope}) AND t.event_id = s.event_id")
+        .merge(events.alias("s"), f"{_any_of(scopes, tuple(scopes))} AND t.event_id = s.event_id")
         .whenMatchedUpdateAll(condition=earlier)
         .execute())
 
