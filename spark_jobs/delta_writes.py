@@ -335,19 +335,30 @@ def exactly_once_batches(checkpoint: str, process: BatchProcessor
     return write_batch
 
 
+# Spark's setting for running a micro-batch without new data when the watermark has moved.
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+
 def start_exactly_once(source: DataFrame, settings: Settings, query_name: str,
                        process: Callable[..., None], trigger: dict[str, object],
-                       output_mode: str = "append") -> StreamingQuery:
+                       output_mode: str = "append", *, batches_without_data: bool = True
+                       ) -> StreamingQuery:
     """Start ``source`` into ``process(session, batch, app_id, batch_id, settings=…)``, one
-    micro-batch at a time, checkpointed under the query's name."""
+    micro-batch at a time, checkpointed under the query's name. Without
+    ``batches_without_data``, Spark runs no batch only to move the watermark on (and drop
+    expired state): for a query none of whose rows wait for one."""
     checkpoint = settings.checkpoint(query_name)
-    return (source.writeStream
-            .queryName(query_name)
-            .outputMode(output_mode)
-            .foreachBatch(exactly_once_batches(checkpoint, partial(process, settings=settings)))
-            .option("checkpointLocation", checkpoint)
-            .trigger(**trigger)
-            .start())
+    writer = (source.writeStream
+              .queryName(query_name)
+              .outputMode(output_mode)
+              .foreachBatch(exactly_once_batches(checkpoint, partial(process,
+                                                                     settings=settings)))
+              .option("checkpointLocation", checkpoint)
+              .trigger(**trigger))
+    # Read once, as the query starts.
+    with session_setting(source.sparkSession, NO_DATA_BATCHES,
+                         str(batches_without_data).lower()):
+        return writer.start()
 
 
 def retry_on_conflict(action: Callable[[], Result], what: str,

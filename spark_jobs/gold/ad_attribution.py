@@ -29,12 +29,7 @@ from pyspark.sql.types import (
 )
 
 from spark_jobs.config import Settings, interval_seconds, spark_interval
-from spark_jobs.delta_writes import (
-    idempotent_dml,
-    session_setting,
-    start_exactly_once,
-    time_bounds,
-)
+from spark_jobs.delta_writes import idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.gold import writer
 from spark_jobs.range_rebuild import rebuild_range
 from spark_jobs.silver import ad_events as silver
@@ -69,9 +64,6 @@ TABLE = TableSpec.declared("gold.ad_attribution", SCHEMA)
 # A batch's new attributions go to one file per this many (a small file each below it).
 ATTRIBUTIONS_PER_FILE = 500_000
 QUERY_NAME = str(TABLE.stream)  # the stream this module starts
-
-# Spark's setting for running a micro-batch without new data when the watermark has moved.
-NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
 def clicks(events: DataFrame) -> DataFrame:
@@ -171,7 +163,6 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
     # An inner join emits a row when it matches, so no row waits for such a batch, and the
     # next batch with data drops the state as well: nothing it could still match (a click
     # on time is at most the gap later than a view it matches).
-    with session_setting(spark, NO_DATA_BATCHES, "false"):  # read once, as the query starts
-        return start_exactly_once(
-            candidate_views(click_rows, view_rows, settings.attribution_max_gap), settings,
-            QUERY_NAME, process, trigger)
+    return start_exactly_once(
+        candidate_views(click_rows, view_rows, settings.attribution_max_gap), settings,
+        QUERY_NAME, process, trigger, batches_without_data=False)
