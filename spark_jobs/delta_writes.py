@@ -348,16 +348,16 @@ def start_exactly_once(source: DataFrame, settings: Settings, query_name: str,
     ``batches_without_data``, Spark runs no batch only to move the watermark on (and drop
     expired state): for a query none of whose rows wait for one."""
     checkpoint = settings.checkpoint(query_name)
+    batches = exactly_once_batches(checkpoint, partial(process, settings=settings))
     writer = (source.writeStream
               .queryName(query_name)
               .outputMode(output_mode)
-              .foreachBatch(exactly_once_batches(checkpoint, partial(process,
-                                                                     settings=settings)))
+              .foreachBatch(batches)
               .option("checkpointLocation", checkpoint)
               .trigger(**trigger))
-    # Read once, as the query starts.
-    with session_setting(source.sparkSession, NO_DATA_BATCHES,
-                         str(batches_without_data).lower()):
+    if batches_without_data:  # Spark's default, or the session's own setting
+        return writer.start()
+    with session_setting(source.sparkSession, NO_DATA_BATCHES, "false"):  # read at start
         return writer.start()
 
 
