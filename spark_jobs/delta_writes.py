@@ -168,6 +168,18 @@ def planned_time(checkpoint: str, batch_id: int) -> datetime:
         milliseconds=_offset_log_time_ms(checkpoint, batch_id))
 
 
+def batch_time(checkpoint: str, batch_id: int) -> datetime:
+    """:func:`planned_time` of a stream's batch; for a batch run outside a stream (tests,
+    benches: it has no offset log), now."""
+    if _planned_by_stream(checkpoint, batch_id):
+        return planned_time(checkpoint, batch_id)
+    return datetime.now(UTC)
+
+
+def _planned_by_stream(checkpoint: str, batch_id: int) -> bool:
+    return (lake_path(checkpoint) / "offsets" / str(batch_id)).exists()
+
+
 def _offset_log_time_ms(checkpoint: str, batch_id: int) -> int:
     return int(json.loads(_offset_log(checkpoint, batch_id)[1])["batchTimestampMs"])
 
@@ -175,7 +187,7 @@ def _offset_log_time_ms(checkpoint: str, batch_id: int) -> int:
 def _planned_ms(rows: DataFrame, stamp_column: str, checkpoint: str, batch_id: int) -> int:
     """The time Spark gave batch ``batch_id`` when it planned it (:func:`planned_time`); for
     a batch run outside a stream (tests, benches), the time its rows are stamped with."""
-    if (lake_path(checkpoint) / "offsets" / str(batch_id)).exists():
+    if _planned_by_stream(checkpoint, batch_id):
         return _offset_log_time_ms(checkpoint, batch_id)
     stamped = rows.select(F.unix_millis(F.min(stamp_column)).alias("ms")).first()
     return int(stamped.ms) if stamped.ms is not None else 0

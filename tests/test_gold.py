@@ -1,5 +1,6 @@
 """Gold on inline events: window edges, zones, campaign moves, watermarks, attribution."""
 
+import json
 from datetime import UTC, datetime
 from decimal import Decimal
 from itertools import pairwise
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
+from spark_jobs import delta_reader, delta_writes
 from spark_jobs.audit import late_by_date
 from spark_jobs.delta_writes import idempotent_dml, time_bounds
 from spark_jobs.gold import ad_attribution, campaign_stats, watermark
@@ -132,11 +134,13 @@ def test_the_late_data_split_is_pure_and_beside_its_table(spark) -> None:
     late = watermark.closed(F.col("_window.end"), applied)
     assert [row.event_id for row in batch.where(~late).collect()] == ["on-time"]
     late_events = batch.where(late).withColumn("window_start", F.col("_window.start"))
-    ledger = late_data.entries(late_events, "gold.campaign_stats", applied, QUERY, 7).collect()
+    planned = at(21).replace(tzinfo=UTC)  # the batch's time, given: the same in a replay
+    ledger = late_data.entries(late_events, "gold.campaign_stats", applied, QUERY, 7,
+                               planned).collect()
     assert sorted((r.window_start.strftime("%H:%M"), r.late_rows) for r in ledger) == [
         ("12:05", 1), ("12:19", 2)]
-    assert {(r.layer, r.watermark, r.query_id, r.batch_id, r.repaired_at) for r in ledger} == {
-        ("gold.campaign_stats", at(20), QUERY, 7, None)}
+    assert {(r.layer, r.watermark, r.query_id, r.batch_id, r.recorded_at, r.repaired_at)
+            for r in ledger} == {("gold.campaign_stats", at(20), QUERY, 7, at(21), None)}
     assert batch.where(watermark.closed(F.col("_window.end"), None)).count() == 0
 
 
@@ -469,6 +473,13 @@ def test_a_batch_replayed_after_its_ledger_committed_decides_as_its_first_attemp
     # The replay applied 12:20 again: "late" is in the ledger once and in no window.
     assert [(r.window_start.strftime("%H:%M"), r.late_rows)
             for r in table(spark, settings, late_data.TABLE).collect()] == [("12:19", 1)]
+    # The ledger's one commit names its batch, and carries no Delta transaction, whose check
+    # would rebuild the ledger's state for every batch with a late event.
+    ledger_path = late_data.TABLE.path(settings)
+    appended = delta_reader.commit_actions(ledger_path, delta_reader.latest_version(ledger_path))
+    assert not [action for action in appended if "txn" in action]
+    assert json.loads(delta_reader.info_among(appended)["userMetadata"]) == {
+        delta_writes.BATCH_MARKER: [QUERY, 2]}
     rows = {r.window_start.strftime("%H:%M"): r.views
             for r in table(spark, settings, campaign_stats.TABLE).collect()}
     assert rows == {"12:00": 1, "12:30": 1, "12:25": 1}

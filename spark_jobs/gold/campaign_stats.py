@@ -29,7 +29,12 @@ from pyspark.sql.types import (
 
 from spark_jobs import delta_reader
 from spark_jobs.config import Settings, spark_interval
-from spark_jobs.delta_writes import idempotent_dml, start_exactly_once, time_bounds
+from spark_jobs.delta_writes import (
+    batch_time,
+    idempotent_dml,
+    start_exactly_once,
+    time_bounds,
+)
 from spark_jobs.faults import crash_point
 from spark_jobs.gold import watermark, writer
 from spark_jobs.ops import gold_rebuilds, late_data, stream_progress
@@ -187,8 +192,10 @@ def _process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int
         summary = _summarize(events, late)
         if summary.late:
             late_events = events.where(late).withColumn("window_start", F.col("_window.start"))
-            late_data.append(settings, late_data.entries(late_events, LAYER, applied, query_id,
-                                                         batch_id), query_id, batch_id)
+            checkpoint = settings.checkpoint(QUERY_NAME)
+            ledger_rows = late_data.entries(late_events, LAYER, applied, query_id, batch_id,
+                                            batch_time(checkpoint, batch_id))
+            late_data.append(settings, ledger_rows, checkpoint, query_id, batch_id)
             crash_point("gold_campaign_stats.after_ledger")
         latest = max((t for t in (seen_before, summary.latest) if t is not None), default=None)
         if summary.first is not None:  # something on time
