@@ -270,6 +270,7 @@ def test_a_replay_that_takes_the_other_path_inserts_each_event_once(spark, setti
                                                                     monkeypatch) -> None:
     prepare(spark, settings)
     killed_between_merges(spark, settings, monkeypatch)
+    silver._batches_until_asking.clear()  # a new driver: it asks
     # Replayed where it broadcasts: one MERGE of both classes, which finds the on-time
     # events already in and inserts the late ones, each once, in files of their own.
     silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
@@ -294,6 +295,24 @@ def test_a_batch_over_the_limit_takes_a_merge_per_class_without_asking(spark, se
     monkeypatch.setattr(silver, "_broadcast_join", lambda *args: pytest.fail("asked"))
     silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
     assert merges_and_files(spark, settings) == (2, SEPARATE_FILES)
+
+
+def test_after_a_refused_broadcast_the_next_batches_do_not_ask(spark, settings,
+                                                              monkeypatch) -> None:
+    prepare(spark, settings)
+    monkeypatch.setattr(silver, "BATCHES_BEFORE_ASKING_AGAIN", 1)
+    asked = []
+
+    def refused(*_args) -> bool:
+        asked.append(True)
+        return False
+
+    monkeypatch.setattr(silver, "_broadcast_join", refused)
+    for batch_id in range(3):  # asked and refused, not asked, asked again
+        silver.process(spark, on_time_and_late(spark), APP, batch_id, settings=settings)
+    assert len(asked) == 2
+    # Each refused batch took a MERGE per class (the later two found every event in).
+    assert merges_and_files(spark, settings) == (6, SEPARATE_FILES)
 
 
 def test_every_copy_is_found_whatever_class_and_minute_it_comes_in(spark, settings) -> None:

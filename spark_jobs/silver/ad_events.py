@@ -120,14 +120,19 @@ MAX_TIME_SLICES = 32
 INSERT = "insert"
 CLASS_INSERTS = {True: "on-time", False: "others"}
 
-# The largest batch (deliveries) whose classes may share a MERGE. A MERGE's fixed cost (about
-# 1.5 s alone on 2 cores) is most of a small batch's insert, and finding out whether the
-# join broadcasts costs about half of that again; a larger batch's scope is seldom small
-# enough to broadcast, so it takes a MERGE per class without asking. The limit itself is a
-# guess between two measured cases: a batch of 1,250 deliveries gained about 0.8 s; one of
-# 20,000 into a full day of silver (the growth benchmark's) does not broadcast and would
-# pay the 0.8 s for asking.
-ONE_MERGE_AT_MOST = 5_000
+# The largest batch (deliveries) whose classes may share a MERGE: it puts each class in one
+# Spark partition (``_by_class``), so its write is two tasks, which a batch of this size
+# keeps short on any cluster. A MERGE's fixed cost is most of a small batch's insert: a
+# batch of 32,000 into a day of silver holding 200,000 or 3 million rows took 6.8 and 7.4 s
+# with one MERGE, against 7.7 and 9.1 s with two (median of five, warm, 29 November).
+ONE_MERGE_AT_MOST = 50_000
+
+# Asking whether the join broadcasts costs 0.5-0.6 s (planned, not run; a batch of 20,000
+# into a day of silver holding 10 million rows is refused), and a scope too large once
+# stays so while the feed goes on: after a refusal, this many batches into the table take
+# a MERGE per class without asking.
+BATCHES_BEFORE_ASKING_AGAIN = 20
+_batches_until_asking: dict[str, int] = {}  # per silver table path, after a refusal
 
 # Delta's own repartitioning of a MERGE's output by the table's partition column, off for a
 # MERGE of both classes: it would put both classes of a date in one file.
@@ -161,7 +166,8 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
     classified = _classified(first_deliveries(deliveries), settings)
     target = DeltaTable.forPath(spark, TABLE.path(settings))
     if len(scopes) == 1 or (deliveries.count() <= ONE_MERGE_AT_MOST
-                            and _broadcast_join(target, _by_class(classified), scopes)):
+                            and _one_merge_broadcasts(TABLE.path(settings), target,
+                                                      _by_class(classified), scopes)):
         groups = [tuple(scopes)]
     else:
         groups = [(on_time_class,) for on_time_class in scopes]
@@ -199,6 +205,21 @@ def _by_class(classified: DataFrame) -> DataFrame:
 
 def _any_of(scopes: dict[bool, str], classes: tuple[bool, ...]) -> str:
     return "(" + " OR ".join(f"({scopes[on_time_class]})" for on_time_class in classes) + ")"
+
+
+def _one_merge_broadcasts(path: str, target: Any, source: DataFrame,
+                          scopes: dict[bool, str]) -> bool:
+    """Whether one MERGE of ``source`` would broadcast silver's rows in scope
+    (``_broadcast_join``); not asked for the batches after a refusal
+    (``BATCHES_BEFORE_ASKING_AGAIN``)."""
+    waiting = _batches_until_asking.get(path, 0)
+    if waiting:
+        _batches_until_asking[path] = waiting - 1
+        return False
+    if _broadcast_join(target, source, scopes):
+        return True
+    _batches_until_asking[path] = BATCHES_BEFORE_ASKING_AGAIN
+    return False
 
 
 def _broadcast_join(target: Any, source: DataFrame, scopes: dict[bool, str]) -> bool:
