@@ -75,7 +75,7 @@ def append(settings: Settings, rows: DataFrame, checkpoint: str, query_id: str, 
 
     Once: the commit names the batch (``delta_writes.append_once``), and only a run's first
     batch reads the log back, where Delta's transaction check would rebuild the ledger's
-    state for every batch with a late event (0.5-4 s of a gold batch)."""
+    state for every batch with a late event (about a second more, warm)."""
     append_once(rows, TABLE.path(settings), checkpoint, batch_id, app_id=query_id,
                 stamp_column="recorded_at", key_column="batch_id")
 
