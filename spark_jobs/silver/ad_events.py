@@ -164,10 +164,11 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
     if not scopes:
         return
     classified = _classified(first_deliveries(deliveries), settings)
-    target = DeltaTable.forPath(spark, TABLE.path(settings))
+    path = TABLE.path(settings)
+    target = DeltaTable.forPath(spark, path)
     if len(scopes) == 1 or (deliveries.count() <= ONE_MERGE_AT_MOST
-                            and _one_merge_broadcasts(TABLE.path(settings), target,
-                                                      _by_class(classified), scopes)):
+                            and _one_merge_broadcasts(path, target, _by_class(classified),
+                                                      scopes)):
         groups = [tuple(scopes)]
     else:
         groups = [(on_time_class,) for on_time_class in scopes]
