@@ -369,6 +369,72 @@ def test_copies_spread_over_many_minutes_are_found_through_a_few_ranges(spark,
     assert len(silver_rows(spark, settings)) == 120
 
 
+def rows_read(spark, settings, scope: str) -> int:
+    """How many silver rows a scan with a MERGE's scope reads from its files: Parquet skips
+    the row groups the pushed filter rules out (by statistics or Bloom filter) and hands
+    up every row of the others."""
+    frame = spark.read.format("delta").load(silver.TABLE.path(settings)).alias("t").where(
+        scope)
+    frame.collect()
+    leaves = frame._jdf.queryExecution().executedPlan().collectLeaves()
+    return sum(int(leaves.apply(i).metrics().apply("numOutputRows").value())
+               for i in range(leaves.size()))
+
+
+def late_scope(spark, settings, raws: list[str]) -> str:
+    batch = bronze_frame(spark, raws, file_name="now.jsonl")
+    return silver.merge_scopes(silver.first_deliveries(silver.accepted(
+        validate(batch, Rules.from_settings(settings)))), settings)[False]
+
+
+def test_late_events_are_looked_for_only_in_the_row_groups_that_may_hold_them(
+        spark, settings) -> None:
+    prepare(spark, settings)
+    # An hour of the morning in silver: 50 views at 06:59, written by one batch, one file.
+    morning = INGESTED - timedelta(hours=5)
+    silver.process(spark, bronze_frame(spark, [view(f"e-{n}", "2026-11-22T06:59:00Z")
+                                               for n in range(50)], ingested_at=morning),
+                   APP, 0, settings=settings)
+    # At 12:00, two events five hours late: new ones. Their times overlap the morning's file,
+    # whose Bloom filter of event ids holds neither, so none of its rows is read.
+    new = late_scope(spark, settings, [view(f"new-{n}", "2026-11-22T06:59:00Z")
+                                       for n in range(2)])
+    assert files_read(spark, settings, new) == 1
+    assert rows_read(spark, settings, new) == 0
+    # Without the ids, the scope reads all 50.
+    assert rows_read(spark, settings, new.split(" AND t.event_id IN")[0]) == 50
+    # A late copy of a morning event: its row group is read, and the copy found.
+    copy = [view("e-7", "2026-11-22T06:59:00Z"), view("new-0", "2026-11-22T06:59:00Z")]
+    assert rows_read(spark, settings, late_scope(spark, settings, copy)) == 50
+    silver.process(spark, bronze_frame(spark, copy, file_name="now.jsonl"), APP, 1,
+                   settings=settings)
+    assert len(silver_rows(spark, settings)) == 51  # only new-0 is new
+
+
+def test_late_event_ids_with_quotes_and_backslashes_are_looked_for_as_they_are(
+        spark, settings) -> None:
+    prepare(spark, settings)
+    awkward = ["o'brien", "back\\slash", "\\'", "e-1' OR '1'='1"]
+    late = [view(event_id, "2026-11-22T06:59:00Z") for event_id in awkward]
+    silver.process(spark, bronze_frame(spark, late), APP, 0, settings=settings)
+    # Delivered again an hour later, still late: every copy is found by its own id.
+    silver.process(spark, bronze_frame(spark, late, ingested_at=INGESTED + timedelta(hours=1),
+                                       file_name="again.jsonl"), APP, 1, settings=settings)
+    assert sorted(row.event_id for row in silver_rows(spark, settings)) == sorted(awkward)
+
+
+def test_a_large_late_class_is_scoped_by_time_alone(spark, settings, monkeypatch) -> None:
+    prepare(spark, settings)
+    monkeypatch.setattr(silver, "PROBE_BY_ID_AT_MOST", 1)
+    raws = [view(f"late-{n}", "2026-11-22T06:59:00Z") for n in range(2)]
+    # Two late events, more than the one id the scope may name.
+    assert "event_id" not in late_scope(spark, settings, raws)
+    silver.process(spark, bronze_frame(spark, raws), APP, 0, settings=settings)
+    silver.process(spark, bronze_frame(spark, raws, ingested_at=INGESTED + timedelta(hours=1),
+                                       file_name="again.jsonl"), APP, 1, settings=settings)
+    assert len(silver_rows(spark, settings)) == 2
+
+
 def test_the_stream_quarantines_at_the_time_spark_planned_the_batch(spark, settings) -> None:
     """A replay quarantines with its first attempt's time, which the fallback of a replay
     check looks for: the time Spark kept for the batch in its offset log, not the moment
