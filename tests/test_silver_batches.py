@@ -237,6 +237,27 @@ def test_a_batch_of_both_classes_is_one_merge_whose_files_do_not_mix_them(spark,
     assert merges_and_files(spark, settings) == (1, SEPARATE_FILES)
 
 
+def test_a_large_class_is_written_by_the_tasks_that_deduplicated_it(spark, settings,
+                                                                       monkeypatch) -> None:
+    prepare(spark, settings)
+    batch = bronze_frame(spark, [view(f"e-{n}") for n in range(20)])  # on time, one date
+    # Spark's two shuffle partitions kept apart, as a large batch's would be.
+    with session_setting(spark, "spark.sql.adaptive.coalescePartitions.enabled", "false"):
+        silver.process(spark, batch, APP, 0, settings=settings)
+        # Up to ONE_FILE_PER_DATE_AT_MOST events a class, one file for the date.
+        assert merges_and_files(spark, settings) == (1, [([True], 20)])
+        monkeypatch.setattr(silver, "ONE_FILE_PER_DATE_AT_MOST", 10)
+        later = bronze_frame(spark, [view(f"later-{n}") for n in range(20)],
+                             file_name="later.jsonl")
+        silver.process(spark, later, APP, 1, settings=settings)
+    # Past it, a file per task: the 20 later events in two files (event ids hashed over
+    # both partitions), still one class each.
+    merges, files = merges_and_files(spark, settings)
+    assert merges == 2 and len(files) == 3
+    assert sorted(rows for _, rows in files)[-1] == 20 and sum(rows for _, rows in files) == 40
+    assert all(classes == [True] for classes, _ in files)
+
+
 def join_would_shuffle(spark):
     """Spark plans no broadcast join inside, as for a scope too large to broadcast."""
     return session_setting(spark, "spark.sql.autoBroadcastJoinThreshold", "-1")

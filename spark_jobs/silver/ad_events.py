@@ -147,6 +147,13 @@ _batches_until_asking: dict[str, int] = {}  # per silver table path, after a ref
 # MERGE of both classes: it would put both classes of a date in one file.
 REPARTITION_BEFORE_WRITE = "spark.databricks.delta.merge.repartitionBeforeWrite.enabled"
 
+# The largest class whose MERGE repartitions by date, so that each date gets one file: a
+# larger one is written by the tasks that deduplicated it, a file per task and date. By
+# date, a batch of a day's events is one task, and one core writes it: the MERGE of a
+# million events (most of them of one date) spent 4.2 s on its write with one task busy,
+# after a shuffle of its own.
+ONE_FILE_PER_DATE_AT_MOST = 200_000
+
 
 def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataFrame, *,
                       app_id: str | None = None, version: int = 0) -> None:
@@ -170,13 +177,13 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
     # The scopes come from every delivery, which holds each first delivery's time and
     # class, without waiting for the deduplication. (A later delivery of another class than
     # its event's first, rare, only widens a scope or adds a MERGE that inserts nothing.)
-    scopes = merge_scopes(deliveries, settings)
+    scopes, sizes = _scopes_and_sizes(deliveries, settings)
     if not scopes:
         return
     classified = _classified(first_deliveries(deliveries), settings)
     path = TABLE.path(settings)
     target = DeltaTable.forPath(spark, path)
-    if len(scopes) == 1 or (deliveries.count() <= ONE_MERGE_AT_MOST
+    if len(scopes) == 1 or (sum(sizes.values()) <= ONE_MERGE_AT_MOST
                             and _one_merge_broadcasts(path, target, _by_class(classified),
                                                       scopes)):
         groups = [tuple(scopes)]
@@ -189,15 +196,15 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
                 crash_point("silver_ad_events.between_merges")  # the first one committed
             name = INSERT if len(classes) > 1 else CLASS_INSERTS[classes[0]]
             # One class alone needs no partitions of its own: Delta's repartitioning by
-            # date (on for it) gives each date one file, as it always has.
+            # date gives each date one file, unless the class is large.
             source = (_by_class(classified) if len(classes) > 1 else
                       classified.where(F.col("_on_time") == classes[0]).drop("_on_time"))
             merge = (target.alias("t")
                      .merge(source.alias("s"), f"{_any_of(scopes, classes)} "
                                                f"AND t.event_id = s.event_id")
                      .whenNotMatchedInsertAll())
-            with session_setting(spark, REPARTITION_BEFORE_WRITE,
-                                 "true" if len(classes) == 1 else "false"):
+            by_date = len(classes) == 1 and sizes[classes[0]] <= ONE_FILE_PER_DATE_AT_MOST
+            with session_setting(spark, REPARTITION_BEFORE_WRITE, str(by_date).lower()):
                 if app_id is None:
                     merge.execute()
                 else:
@@ -281,18 +288,26 @@ def merge_scopes(events: DataFrame, settings: Settings) -> dict[bool, str]:
     """The predicates on silver (alias ``t``) the MERGEs of on-time (True) and other
     (False) events are scoped to: their times (``_time_slices``), and for the other class
     when it is small (``PROBE_BY_ID_AT_MOST``), its event ids too."""
+    return _scopes_and_sizes(events, settings)[0]
+
+
+def _scopes_and_sizes(events: DataFrame, settings: Settings
+                      ) -> tuple[dict[bool, str], dict[bool, int]]:
+    """Per class of ``events``: its scope (``merge_scopes``), and how many events it has."""
     classified = _classified(events, settings)
     minutes = (classified
                .groupBy("_on_time", "event_date", F.date_trunc("minute", "event_time"))
                .agg(*time_bounds("event_time"), F.count(F.lit(1)).alias("events"))
                .collect())
     scopes = _time_slices(minutes)
-    others = sum(row.events for row in minutes if not row["_on_time"])
-    if 0 < others <= PROBE_BY_ID_AT_MOST:
+    sizes = {on_time_class: sum(row.events for row in minutes
+                                if row["_on_time"] == on_time_class)
+             for on_time_class in scopes}
+    if 0 < sizes.get(False, 0) <= PROBE_BY_ID_AT_MOST:
         ids = classified.where(~F.col("_on_time")).select("event_id").distinct().collect()
         scopes[False] += (" AND t.event_id IN ("
                           + ", ".join(sql_string(row.event_id) for row in ids) + ")")
-    return scopes
+    return scopes, sizes
 
 
 def sql_string(value: str) -> str:
