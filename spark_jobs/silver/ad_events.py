@@ -116,7 +116,7 @@ MAX_TIME_SLICES = 32
 
 
 # The late and early events (the other class) scatter over their dates, so their ranges of
-# event time overlap files holding most of a busy date, and their MERGE read the event ids
+# event time overlap files holding most of a busy date, and their MERGE reads the event ids
 # of all of those: a batch of 20,000 into a day of silver holding 10 million rows spent
 # 6.6-8.1 s of its 11 s there. Silver's files carry a Bloom filter of their event ids
 # (``registry``): where the class's scope names its event ids, Parquet skips each row
@@ -311,9 +311,12 @@ def _scopes_and_sizes(events: DataFrame, settings: Settings
 
 
 def sql_string(value: str) -> str:
-    """``value`` as a Spark SQL string literal, whatever characters it holds (Spark's
-    parser unescapes backslash sequences in literals)."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """``value`` as a Spark SQL string, whatever characters it holds: quoted, or where it
+    holds a quote or a backslash (whose reading depends on the parser's settings), its
+    UTF-8 bytes as a binary literal cast to a string."""
+    if "'" in value or "\\" in value:
+        return f"CAST(X'{value.encode().hex()}' AS STRING)"
+    return f"'{value}'"
 
 
 def _time_slices(minutes: list[Row]) -> dict[bool, str]:
