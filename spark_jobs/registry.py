@@ -92,14 +92,16 @@ TABLES: dict[str, Table] = _by_name(
           stream="bronze_ad_events", suite=True),
     # Statistics on what queries and Z-order filter by; the event_id is random, so min/max
     # statistics on it would skip nothing, where a Bloom filter per file skips the row
-    # groups without the ids an insert looks for (sized to each file's ids: 64 KB for a
-    # small file, 260 KB for 200,000 rows, at most 1 MB). Z-ordered for "one ad over a week".
+    # groups without the ids an insert looks for (sized to each file's ids, the smallest
+    # of 16 sizes that holds them at 1% false positives: 1 KB for 200 rows, 32 KB for
+    # 20,000, 260 KB for 200,000, at most 1 MB). Z-ordered for "one ad over a week".
     Table(name="silver.ad_events", kind="data",
           grain="one row per distinct valid event_id, typed, partitioned by event_date (UTC)",
           partitioned_by=("event_date",), zorder_by=("ad_id",),
           stats_columns=("event_time", "event_type", "ad_id", "ingested_at"),
           properties={"parquet.bloom.filter.enabled#event_id": "true",
-                      "parquet.bloom.filter.adaptive.enabled": "true"},
+                      "parquet.bloom.filter.adaptive.enabled": "true",
+                      "parquet.bloom.filter.candidates.number#event_id": "16"},
           stream="silver_ad_events", suite=True),
     Table(name="silver.quarantine", kind="data",
           grain="one row per rejected record: raw text as in bronze, reason, detail, bronze "
