@@ -161,16 +161,26 @@ def test_audit_fails_on_an_unprocessed_or_doubly_placed_record(spark, settings) 
     assert result.accounted_twice == 1 and not result.identity_holds
 
 
-def files_read(spark, settings, scope: str) -> int:
-    """How many silver files a scan with a MERGE's scope reads: Delta skips the others by
-    partition and statistics, for the MERGE as for this scan."""
+def scan_metric(spark, settings, scope: str, metric: str) -> int:
+    """A metric of the silver scan with a MERGE's scope, summed over its leaves."""
     frame = spark.read.format("delta").load(silver.TABLE.path(settings)).alias("t").where(
         scope)
     frame.collect()
-    plan = frame._jdf.queryExecution().executedPlan()
-    leaves = plan.collectLeaves()
-    return sum(int(leaves.apply(i).metrics().apply("numFiles").value())
-               for i in range(leaves.size()) if leaves.apply(i).metrics().contains("numFiles"))
+    leaves = frame._jdf.queryExecution().executedPlan().collectLeaves()
+    return sum(int(leaves.apply(i).metrics().apply(metric).value())
+               for i in range(leaves.size()) if leaves.apply(i).metrics().contains(metric))
+
+
+def files_read(spark, settings, scope: str) -> int:
+    """How many silver files a scan with a MERGE's scope reads: Delta skips the others by
+    partition and statistics, for the MERGE as for this scan."""
+    return scan_metric(spark, settings, scope, "numFiles")
+
+
+def scopes_of(settings, batch) -> dict[bool, str]:
+    """The MERGE scopes of a bronze batch's first deliveries."""
+    return silver.merge_scopes(silver.first_deliveries(silver.accepted(
+        validate(batch, Rules.from_settings(settings)))), settings)
 
 
 def test_a_batch_looks_only_at_the_silver_files_around_its_own_event_times(spark,
@@ -187,8 +197,7 @@ def test_a_batch_looks_only_at_the_silver_files_around_its_own_event_times(spark
     # Now: two new events (one twice) and, five hours late, a copy of the first hour's.
     batch = bronze_frame(spark, [view("new-1"), view("new-2"), view("new-1"),
                                  view("e-0-0", "2026-11-22T06:59:00Z")], file_name="now.jsonl")
-    scopes = silver.merge_scopes(silver.first_deliveries(silver.accepted(
-        validate(batch, Rules.from_settings(settings)))), settings)
+    scopes = scopes_of(settings, batch)
     # Silver holds five files of the date, one per batch. The on-time events (11:59-12:00)
     # overlap none (the latest ended at 10:59); the late copy (06:59) the first hour's only.
     assert files_read(spark, settings, scopes[True]) == 0
@@ -380,8 +389,7 @@ def test_copies_spread_over_many_minutes_are_found_through_a_few_ranges(spark,
                    APP, 0, settings=settings)
     again = bronze_frame(spark, [view(f"e-{n}", when) for n, when in enumerate(times)],
                          ingested_at=INGESTED + timedelta(hours=1), file_name="again.jsonl")
-    scopes = silver.merge_scopes(silver.first_deliveries(silver.accepted(
-        validate(again, Rules.from_settings(settings)))), settings)
+    scopes = scopes_of(settings, again)
     assert set(scopes) == {False}
     # 120 minutes of events, read through at most MAX_TIME_SLICES ranges (a filter Delta
     # can still compile), and every copy is found: silver keeps its 120 rows.
@@ -394,18 +402,11 @@ def rows_read(spark, settings, scope: str) -> int:
     """How many silver rows a scan with a MERGE's scope reads from its files: Parquet skips
     the row groups the pushed filter rules out (by statistics or Bloom filter) and hands
     up every row of the others."""
-    frame = spark.read.format("delta").load(silver.TABLE.path(settings)).alias("t").where(
-        scope)
-    frame.collect()
-    leaves = frame._jdf.queryExecution().executedPlan().collectLeaves()
-    return sum(int(leaves.apply(i).metrics().apply("numOutputRows").value())
-               for i in range(leaves.size()))
+    return scan_metric(spark, settings, scope, "numOutputRows")
 
 
 def late_scope(spark, settings, raws: list[str]) -> str:
-    batch = bronze_frame(spark, raws, file_name="now.jsonl")
-    return silver.merge_scopes(silver.first_deliveries(silver.accepted(
-        validate(batch, Rules.from_settings(settings)))), settings)[False]
+    return scopes_of(settings, bronze_frame(spark, raws, file_name="now.jsonl"))[False]
 
 
 def test_late_events_are_looked_for_only_in_the_row_groups_that_may_hold_them(

@@ -304,13 +304,15 @@ def _scopes_and_sizes(events: DataFrame, settings: Settings
                                 if row["_on_time"] == on_time_class)
              for on_time_class in scopes}
     if 0 < sizes.get(False, 0) <= PROBE_BY_ID_AT_MOST:
-        ids = classified.where(~F.col("_on_time")).select("event_id").distinct().collect()
+        # Deduplicated here, not by Spark: a distinct() is a shuffle, a stage more.
+        ids = sorted({row.event_id for row in
+                      classified.where(~F.col("_on_time")).select("event_id").collect()})
         scopes[False] += (" AND t.event_id IN ("
-                          + ", ".join(sql_string(row.event_id) for row in ids) + ")")
+                          + ", ".join(_sql_string(event_id) for event_id in ids) + ")")
     return scopes, sizes
 
 
-def sql_string(value: str) -> str:
+def _sql_string(value: str) -> str:
     """``value`` as a Spark SQL string, whatever characters it holds: quoted, or where it
     holds a quote or a backslash (whose reading depends on the parser's settings), its
     UTF-8 bytes as a binary literal cast to a string."""
