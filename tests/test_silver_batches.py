@@ -1,6 +1,8 @@
 """Silver's foreachBatch logic on inline micro-batches: dedup across time, replays, late data."""
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 import pytest
@@ -216,9 +218,11 @@ LATE = ["2026-11-22T06:59:00Z", "2026-11-22T07:30:00Z", "2026-11-22T08:00:00Z",
         "2026-11-21T12:00:00Z"]
 
 
-def on_time_and_late(spark):
+def on_time_and_late(spark, copies: int = 1):
+    """Three on-time events and four late ones, each delivered ``copies`` times."""
     return bronze_frame(spark, [*(view(f"on-{n}") for n in range(3)),
-                                *(view(f"late-{n}", when) for n, when in enumerate(LATE))])
+                                *(view(f"late-{n}", when) for n, when in enumerate(LATE))]
+                        * copies)
 
 
 def merges_and_files(spark, settings) -> tuple[int, list]:
@@ -267,9 +271,13 @@ def test_a_large_class_is_written_by_the_tasks_that_deduplicated_it(spark, setti
     assert all(classes == [True] for classes, _ in files)
 
 
-def join_would_shuffle(spark):
-    """Spark plans no broadcast join inside, as for a scope too large to broadcast."""
-    return session_setting(spark, "spark.sql.autoBroadcastJoinThreshold", "-1")
+@contextmanager
+def join_would_shuffle(spark) -> Iterator[None]:
+    """Spark plans no broadcast join inside, as for a scope too large to broadcast; and the
+    driver asks again (an answer given outside does not hold inside)."""
+    silver._answers.clear()
+    with session_setting(spark, "spark.sql.autoBroadcastJoinThreshold", "-1"):
+        yield
 
 
 def killed_between_merges(spark, settings, monkeypatch) -> None:
@@ -300,7 +308,7 @@ def test_a_replay_that_takes_the_other_path_inserts_each_event_once(spark, setti
                                                                     monkeypatch) -> None:
     prepare(spark, settings)
     killed_between_merges(spark, settings, monkeypatch)
-    silver._batches_until_asking.clear()  # a new driver: it asks
+    silver._answers.clear()  # a new driver: it asks
     # Replayed where it broadcasts: one MERGE of both classes, which finds the on-time
     # events already in and inserts the late ones, each once, in files of their own.
     silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
@@ -327,17 +335,39 @@ def test_a_batch_over_the_limit_takes_a_merge_per_class_without_asking(spark, se
     assert merges_and_files(spark, settings) == (2, SEPARATE_FILES)
 
 
+def answered(monkeypatch, *, broadcasts: bool) -> list[bool]:
+    """Whether the join broadcasts is answered ``broadcasts``; the list grows per question."""
+    asked: list[bool] = []
+
+    def answer(*_args) -> bool:
+        asked.append(broadcasts)
+        return broadcasts
+
+    monkeypatch.setattr(silver, "_broadcast_join", answer)
+    return asked
+
+
+def test_an_accepted_broadcast_holds_for_the_next_batches_unless_one_is_much_larger(
+        spark, settings, monkeypatch) -> None:
+    prepare(spark, settings)
+    monkeypatch.setattr(silver, "BATCHES_BEFORE_ASKING_AGAIN", 2)
+    asked = answered(monkeypatch, broadcasts=True)
+    # Asked, then held twice, then asked again: each batch took one MERGE.
+    for batch_id in range(4):
+        silver.process(spark, on_time_and_late(spark), APP, batch_id, settings=settings)
+    assert len(asked) == 2
+    # One more batch within the answer's two; but with 21 deliveries, more than twice the
+    # 7 of the batch asked about, it asks.
+    silver.process(spark, on_time_and_late(spark, copies=3), APP, 4, settings=settings)
+    assert len(asked) == 3
+    assert merges_and_files(spark, settings) == (5, SEPARATE_FILES)
+
+
 def test_after_a_refused_broadcast_the_next_batches_do_not_ask(spark, settings,
                                                               monkeypatch) -> None:
     prepare(spark, settings)
     monkeypatch.setattr(silver, "BATCHES_BEFORE_ASKING_AGAIN", 1)
-    asked = []
-
-    def refused(*_args) -> bool:
-        asked.append(True)
-        return False
-
-    monkeypatch.setattr(silver, "_broadcast_join", refused)
+    asked = answered(monkeypatch, broadcasts=False)
     for batch_id in range(3):  # asked and refused, not asked, asked again
         silver.process(spark, on_time_and_late(spark), APP, batch_id, settings=settings)
     assert len(asked) == 2

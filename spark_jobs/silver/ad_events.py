@@ -19,6 +19,7 @@ already there and insert nothing; it is never applied twice.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -136,12 +137,24 @@ CLASS_INSERTS = {True: "on-time", False: "others"}
 # with one MERGE, against 7.7 and 9.1 s with two (median of five, warm, 29 November).
 ONE_MERGE_AT_MOST = 50_000
 
-# Asking whether the join broadcasts costs 0.5-0.6 s (planned, not run; a batch of 20,000
-# into a day of silver holding 10 million rows is refused), and a scope too large once
-# stays so while the feed goes on: after a refusal, this many batches into the table take
-# a MERGE per class without asking.
+# Asking whether the join broadcasts costs 0.5-0.8 s (planned, not run): a quarter of a
+# small batch's time (300 records into a day of silver: 2.8-3.2 s a batch). The answer
+# lasts while the feed goes on (a batch of 20,000 into a day of silver holding 10 million
+# rows is refused, one of 300 into a few thousand rows accepted), so it holds for this many
+# batches into the table, unless one holds more than twice the deliveries of the batch
+# that was asked about. A "yes" that no longer holds costs no row: the one MERGE then
+# shuffles, and its files mix the classes (``_broadcast_join``).
 BATCHES_BEFORE_ASKING_AGAIN = 20
-_batches_until_asking: dict[str, int] = {}  # per silver table path, after a refusal
+
+
+@dataclass
+class _Answer:
+    broadcasts: bool
+    deliveries: int  # of the batch that was asked about
+    batches_left: int
+
+
+_answers: dict[str, _Answer] = {}  # per silver table path
 
 # Delta's own repartitioning of a MERGE's output by the table's partition column, off for a
 # MERGE of both classes: it would put both classes of a date in one file.
@@ -183,9 +196,10 @@ def insert_new_events(spark: SparkSession, settings: Settings, deliveries: DataF
     classified = _classified(first_deliveries(deliveries), settings)
     path = TABLE.path(settings)
     target = DeltaTable.forPath(spark, path)
-    if len(scopes) == 1 or (sum(sizes.values()) <= ONE_MERGE_AT_MOST
+    batch_size = sum(sizes.values())
+    if len(scopes) == 1 or (batch_size <= ONE_MERGE_AT_MOST
                             and _one_merge_broadcasts(path, target, _by_class(classified),
-                                                      scopes)):
+                                                      scopes, batch_size)):
         groups = [tuple(scopes)]
     else:
         groups = [(on_time_class,) for on_time_class in scopes]
@@ -226,18 +240,17 @@ def _any_of(scopes: dict[bool, str], classes: tuple[bool, ...]) -> str:
 
 
 def _one_merge_broadcasts(path: str, target: Any, source: DataFrame,
-                          scopes: dict[bool, str]) -> bool:
-    """Whether one MERGE of ``source`` would broadcast silver's rows in scope
-    (``_broadcast_join``); not asked for the batches after a refusal
+                          scopes: dict[bool, str], deliveries: int) -> bool:
+    """Whether one MERGE of ``source`` (``deliveries`` rows before deduplication) would
+    broadcast silver's rows in scope (``_broadcast_join``); the last answer while it holds
     (``BATCHES_BEFORE_ASKING_AGAIN``)."""
-    waiting = _batches_until_asking.get(path, 0)
-    if waiting:
-        _batches_until_asking[path] = waiting - 1
-        return False
-    if _broadcast_join(target, source, scopes):
-        return True
-    _batches_until_asking[path] = BATCHES_BEFORE_ASKING_AGAIN
-    return False
+    last = _answers.get(path)
+    if last and last.batches_left and deliveries <= 2 * last.deliveries:
+        last.batches_left -= 1
+        return last.broadcasts
+    broadcasts = _broadcast_join(target, source, scopes)
+    _answers[path] = _Answer(broadcasts, deliveries, BATCHES_BEFORE_ASKING_AGAIN)
+    return broadcasts
 
 
 def _broadcast_join(target: Any, source: DataFrame, scopes: dict[bool, str]) -> bool:
