@@ -371,8 +371,11 @@ def test_after_a_refused_broadcast_the_next_batches_do_not_ask(spark, settings,
     for batch_id in range(3):  # asked and refused, not asked, asked again
         silver.process(spark, on_time_and_late(spark), APP, batch_id, settings=settings)
     assert len(asked) == 2
-    # Each refused batch took a MERGE per class (the later two found every event in).
-    assert merges_and_files(spark, settings) == (6, SEPARATE_FILES)
+    # A refusal holds for a larger batch too (its scope is no smaller): 21 deliveries.
+    silver.process(spark, on_time_and_late(spark, copies=3), APP, 3, settings=settings)
+    assert len(asked) == 2
+    # Each refused batch took a MERGE per class (the later three found every event in).
+    assert merges_and_files(spark, settings) == (8, SEPARATE_FILES)
 
 
 def test_every_copy_is_found_whatever_class_and_minute_it_comes_in(spark, settings) -> None:
