@@ -168,7 +168,6 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     spark_java_options: str
     shuffle_partitions: Count
     file_listing_parallelism: Count
-    read_split_mb: Count
     jars_dir: Annotated[Path, _folder(lambda: default_jars_dir())]
     trigger_interval: Interval
     max_files_per_trigger: Count

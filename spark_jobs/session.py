@@ -32,7 +32,6 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
         "spark.sql.sources.parallelPartitionDiscovery.parallelism":
             str(settings.file_listing_parallelism),
-        "spark.sql.files.maxPartitionBytes": f"{settings.read_split_mb}m",
         # A record with a repeated key ({"a":1,"a":2}) must not fail a whole batch.
         "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
         # RocksDB keeps streaming state off the JVM heap and checkpoints it incrementally.

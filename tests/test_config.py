@@ -29,10 +29,6 @@ def test_defaults_come_from_the_checked_in_file(tmp_path: Path) -> None:
     assert conf["spark.driver.extraJavaOptions"].startswith("-XX:-DontCompileHugeMethods")
     assert not {key for key in spark_conf(settings.replace(spark_java_options=""))
                 if key.endswith("JavaOptions")}
-    # A read task takes at most 16 MB of files (a large batch's files spread over the cores).
-    assert conf["spark.sql.files.maxPartitionBytes"] == "16m"
-    assert spark_conf(settings.replace(read_split_mb=128))[
-        "spark.sql.files.maxPartitionBytes"] == "128m"
 
 
 def test_environment_overrides_file_and_flags_override_environment(tmp_path: Path) -> None:
@@ -100,7 +96,6 @@ def test_a_root_is_a_local_folder_a_file_uri_or_a_bucket_s_folder(tmp_path: Path
     ({"LAKEHOUSE_DERIVE_MISSING_EVENT_ID": "maybe"}, "true or false"),
     ({"LAKEHOUSE_KAFKA_FAIL_ON_DATA_LOSS": "perhaps"}, "kafka_fail_on_data_loss must be true"),
     ({"LAKEHOUSE_KAFKA_MAX_OFFSETS_PER_TRIGGER": "0"}, "at least 1"),
-    ({"LAKEHOUSE_READ_SPLIT_MB": "0"}, "read_split_mb must be at least 1"),
 ])
 def test_bad_values_are_refused_with_a_clear_message(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.audit import account
 from spark_jobs.config import interval_seconds
-from spark_jobs.delta_reader import latest_version
+from spark_jobs.delta_reader import latest_version, transaction_versions
 from spark_jobs.delta_writes import session_setting
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.silver import quarantine
@@ -271,6 +271,15 @@ def test_a_large_class_is_written_by_the_tasks_that_deduplicated_it(spark, setti
     assert all(classes == [True] for classes, _ in files)
 
 
+def merges_recorded(settings) -> set[str]:
+    """Which of the insert's MERGEs (one for both classes, or one per class) silver's log
+    records for the batches of ``APP``."""
+    names = [silver.INSERT, *silver.CLASS_INSERTS.values()]
+    versions = transaction_versions(silver.TABLE.path(settings),
+                                    [f"{APP}/{name}" for name in names])
+    return {name for name, version in zip(names, versions, strict=True) if version is not None}
+
+
 @contextmanager
 def join_would_shuffle(spark) -> Iterator[None]:
     """Spark plans no broadcast join inside, as for a scope too large to broadcast; and the
@@ -302,6 +311,7 @@ def test_where_the_join_would_shuffle_each_class_has_a_merge_and_a_replay_finish
     with join_would_shuffle(spark):
         silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
     assert merges_and_files(spark, settings) == (2, SEPARATE_FILES)
+    assert merges_recorded(settings) == {"on-time", "others"}
 
 
 def test_a_replay_that_takes_the_other_path_inserts_each_event_once(spark, settings,
@@ -313,6 +323,7 @@ def test_a_replay_that_takes_the_other_path_inserts_each_event_once(spark, setti
     # events already in and inserts the late ones, each once, in files of their own.
     silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
     assert merges_and_files(spark, settings) == (2, SEPARATE_FILES)
+    assert merges_recorded(settings) == {"on-time", "insert"}
 
 
 def test_a_batch_inserted_by_one_merge_and_replayed_by_two_changes_nothing(spark,
@@ -323,7 +334,8 @@ def test_a_batch_inserted_by_one_merge_and_replayed_by_two_changes_nothing(spark
     # two MERGEs find every event in, and the seven rows and their files stay as they were.
     with join_would_shuffle(spark):
         silver.process(spark, on_time_and_late(spark), APP, 0, settings=settings)
-    assert merges_and_files(spark, settings)[1] == SEPARATE_FILES
+    assert merges_and_files(spark, settings) == (3, SEPARATE_FILES)
+    assert merges_recorded(settings) == {"insert", "on-time", "others"}
 
 
 def test_a_batch_over_the_limit_takes_a_merge_per_class_without_asking(spark, settings,
@@ -352,9 +364,10 @@ def test_an_accepted_broadcast_holds_for_the_next_batches_unless_one_is_much_lar
     prepare(spark, settings)
     monkeypatch.setattr(silver, "BATCHES_BEFORE_ASKING_AGAIN", 2)
     asked = answered(monkeypatch, broadcasts=True)
-    # Asked, then held twice, then asked again: each batch took one MERGE.
-    for batch_id in range(4):
-        silver.process(spark, on_time_and_late(spark), APP, batch_id, settings=settings)
+    # Asked (7 deliveries); held for 14, twice 7, and for 7; asked again: one MERGE each.
+    for batch_id, copies in enumerate([1, 2, 1, 1]):
+        silver.process(spark, on_time_and_late(spark, copies), APP, batch_id,
+                       settings=settings)
     assert len(asked) == 2
     # One more batch within the answer's two; but with 21 deliveries, more than twice the
     # 7 of the batch asked about, it asks.

@@ -141,9 +141,10 @@ ONE_MERGE_AT_MOST = 50_000
 # small batch's time (300 records into a day of silver: 2.8-3.2 s a batch). The answer
 # lasts while the feed goes on (a batch of 20,000 into a day of silver holding 10 million
 # rows is refused, one of 300 into a few thousand rows accepted), so it holds for this many
-# batches into the table; a yes not for one that holds more than twice the deliveries of
-# the batch that was asked about. A yes that no longer holds costs no row: the one MERGE
-# then shuffles, and its files mix the classes (``_broadcast_join``).
+# of the next batches into the table that would ask (a batch of one class or over
+# ``ONE_MERGE_AT_MOST`` does not); a yes not for one that holds more than twice the
+# deliveries of the batch that was asked about. A yes that no longer holds costs no row:
+# the one MERGE then shuffles, and its files mix the classes (``_broadcast_join``).
 BATCHES_BEFORE_ASKING_AGAIN = 20
 
 
@@ -246,8 +247,8 @@ def _one_merge_broadcasts(path: str, target: Any, source: DataFrame,
     (``BATCHES_BEFORE_ASKING_AGAIN``)."""
     last = _answers.get(path)
     # A larger batch has a larger scope: a refusal holds for it, a yes may not.
-    if last and last.batches_left and (not last.broadcasts
-                                       or deliveries <= 2 * last.deliveries):
+    if last is not None and last.batches_left and (not last.broadcasts
+                                                   or deliveries <= 2 * last.deliveries):
         last.batches_left -= 1
         return last.broadcasts
     broadcasts = _broadcast_join(target, source, scopes)
