@@ -19,7 +19,7 @@ commit only adds (a real one adds a file per output partition, up to four here: 
 lighter case); silver's are marked as not changing data, as an OPTIMIZE is, because gold
 counted those events already. Not synthesised: each commit's ``.crc`` file and the earlier
 checkpoints, which a real log also lists, and the rows a real ``campaign_stats`` file
-accumulates (below, in the README).
+accumulates (see bench/HISTORY.md, "Gold's growth with uptime").
 
 On top of each history, gold's two streams run continuously, as under ``make run``; each
 round appends a micro-batch of events to silver (views and the clicks they lead to, in the
