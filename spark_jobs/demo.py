@@ -43,9 +43,8 @@ def bot_share(settings: Settings, rate: float) -> float:
     return min(0.5, BOT_OVER_LIMIT * settings.alert_clicks_per_minute / valid_per_minute)
 # The streams' micro-batch interval under the demo. Each micro-batch of a layer costs a few
 # seconds whatever its size (Delta commits and MERGEs; bench/HISTORY.md, "Where the time
-# goes in a small micro-batch"), so
-# with 5 s the five streams ran batches back to back and took both cores of a laptop from
-# the reprocess and validation jobs beside them.
+# goes in a small micro-batch"), so with 5 s the five streams ran batches back to back and
+# took both cores of a laptop from the reprocess and validation jobs beside them.
 DEMO_TRIGGER = "20 seconds"
 
 
