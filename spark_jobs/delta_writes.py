@@ -303,7 +303,7 @@ def session_setting(spark: SparkSession, key: str, value: str) -> Iterator[None]
 _SHOWN = "yyyy-MM-dd HH:mm:ss.SSSSSSXXX"
 
 
-def time_bounds(column: str) -> list[Column]:
+def time_bounds(column: str | Column) -> list[Column]:
     """Aggregates ``first`` and ``last``: the column's min and max as timestamp literal
     text for a predicate Delta skips files with, widened by a millisecond because Delta keeps
     timestamp statistics to the millisecond."""

@@ -275,7 +275,7 @@ def test_dags_run_for_real_streaming_reprocess_quality_and_maintenance(airflow_r
     history = delta_reader.read_arrow(root / "tables" / "ops" / "maintenance_history").to_pandas()
     assert set(history["table_name"]) == {"bronze.ad_events", "silver.ad_events",
                                           "silver.quarantine", "gold.campaign_stats",
-                                          "gold.ad_attribution"}
+                                          "gold.ad_attribution", "gold.user_sessions"}
 
     # The stream health page of the UI plugin renders from the same tables.
     page = subprocess.run(

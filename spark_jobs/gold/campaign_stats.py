@@ -71,14 +71,20 @@ COPIED_ROWS_BEFORE_SET_APART = 10_000
 # Closed windows set apart go to files of about this many rows, in window order.
 ROWS_PER_SET_APART_FILE = 1_000_000
 
-SCHEMA = StructType([
-    StructField("campaign_id", StringType(), False),
-    StructField("window_start", TimestampType(), False),
-    StructField("window_end", TimestampType(), False),
+# What a group of events did (a campaign's window here, a user's session in
+# ``gold.user_sessions``): ``event_counts`` over them.
+COUNT_FIELDS = [
     StructField("views", LongType(), False),
     StructField("clicks", LongType(), False),
     StructField("purchases", LongType(), False),
     StructField("revenue", DecimalType(18, 2), False),
+]
+
+SCHEMA = StructType([
+    StructField("campaign_id", StringType(), False),
+    StructField("window_start", TimestampType(), False),
+    StructField("window_end", TimestampType(), False),
+    *COUNT_FIELDS,
 ])
 
 TABLE = TableSpec.declared("gold.campaign_stats", SCHEMA)
@@ -94,13 +100,19 @@ def campaign_stats(events: DataFrame, mapping: DataFrame, window_duration: str) 
     window = event_window(window_duration)
     return (ad_campaigns.campaign_at(events, mapping)
             .groupBy("campaign_id", window.alias("window"))
-            .agg(F.count_if(F.col("event_type") == "view").alias("views"),
-                 F.count_if(F.col("event_type") == "click").alias("clicks"),
-                 F.count_if(F.col("event_type") == "purchase").alias("purchases"),
-                 F.coalesce(F.sum(F.when(F.col("event_type") == "purchase", F.col("price"))),
-                            F.lit(0)).cast("decimal(18,2)").alias("revenue"))
+            .agg(*event_counts())
             .select("campaign_id", F.col("window.start").alias("window_start"),
                     F.col("window.end").alias("window_end"), *COUNTS))
+
+
+def event_counts() -> list[Column]:
+    """The aggregates of ``COUNT_FIELDS``: views, clicks, purchases, and revenue (the
+    purchases' prices; a purchase without a price adds none)."""
+    return [F.count_if(F.col("event_type") == "view").alias("views"),
+            F.count_if(F.col("event_type") == "click").alias("clicks"),
+            F.count_if(F.col("event_type") == "purchase").alias("purchases"),
+            F.coalesce(F.sum(F.when(F.col("event_type") == "purchase", F.col("price"))),
+                       F.lit(0)).cast("decimal(18,2)").alias("revenue")]
 
 
 def add_to_windows(spark: SparkSession, settings: Settings, stats: DataFrame,

@@ -1,0 +1,373 @@
+"""``gold.user_sessions``: what each user did in one sitting.
+
+Grain: one row per session: a run of one ``user_id``'s silver events whose gaps in event
+time are shorter than ``session_gap`` (30 minutes by default). An event without a
+``user_id`` belongs to no session. ``session_end`` is the session's last event (the session
+closes ``session_gap`` after it); ``campaigns`` are the distinct campaigns its events' ads
+were mapped to at their times; ``ended_in_purchase`` tells whether its last event (by time,
+then ``event_id``) was a purchase.
+
+Two runners, one meaning. The batch recomputation (``user_sessions``) is Spark SQL's
+``session_window`` over silver. The stream keeps each user's open sessions in Spark's
+state store (``transformWithState``, RocksDB) and closes a session with an event-time
+timer once the watermark passes its last event plus the gap: from then on no event on
+time can reach it. A closed session is written once, ``status = 'closed'``. A session
+still open is in the table too, ``status = 'open'``, replaced (MERGE on ``user_id`` and
+``session_start``) each time an event grows it; when an event joins two open sessions, or
+an earlier event moves a session's start, the row it replaces is deleted in the same
+commit. So the table answers "who is active now" as well as history, and a reader never
+sees a session twice. An event at or behind the watermark cannot be added (the session it
+belongs to may be closed and written): it goes to ``ops.late_data``, for a reprocess to
+repair its date.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING
+
+from pyspark.sql import Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from spark_jobs.config import Settings, interval_seconds, spark_interval
+from spark_jobs.delta_writes import batch_time, idempotent_dml, start_exactly_once, time_bounds
+from spark_jobs.gold import campaign_stats, writer
+from spark_jobs.ops import late_data
+from spark_jobs.silver import ad_campaigns
+from spark_jobs.silver import ad_events as silver
+from spark_jobs.tables import TableSpec, ensure_table
+from spark_jobs.tables import read as read_table
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from pyspark.sql import DataFrame, Row, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+SESSION_COLUMNS = [
+    StructField("user_id", StringType(), False),
+    StructField("session_start", TimestampType(), False),
+    StructField("session_end", TimestampType(), False),  # the last event's time
+    StructField("events", LongType(), False),
+    *campaign_stats.COUNT_FIELDS,
+    StructField("campaigns", ArrayType(StringType(), False), False),  # sorted, distinct
+    StructField("ended_in_purchase", BooleanType(), False),
+]
+SCHEMA = StructType([*SESSION_COLUMNS, StructField("status", StringType(), False)])
+
+TABLE = TableSpec.declared("gold.user_sessions", SCHEMA)
+QUERY_NAME = "gold_user_sessions"  # the stream this module starts
+LAYER = TABLE.name  # in the late-data ledger
+# The Delta table the stream reads: VACUUM of it keeps what the stream has yet to read.
+SOURCE_TABLE = silver.TABLE
+# The gap makes the sessions in state and in the table: they must not mix (``checkpoints``).
+STATE_SETTINGS = ("session_gap",)
+OPEN, CLOSED = "open", "closed"
+# What the stateful step emits besides sessions: a row that the MERGE deletes (an open
+# session another one absorbed), and an event too late to be added (for the ledger).
+SUPERSEDED, LATE = "superseded", "late"
+# Of two rows a micro-batch emits for one session, the one to keep: a session the timer
+# closed after an event grew it in the same batch is closed.
+PRECEDENCE = {OPEN: 0, SUPERSEDED: 1, CLOSED: 2, LATE: 3}
+# The stateful step's rows: sessions, plus the watermark the step saw (for the ledger).
+CHANGES = StructType([*SCHEMA.fields, StructField("watermark_ms", LongType(), False)])
+# The silver columns a session is made of.
+INPUTS = ("event_id", "event_time", "event_type", "user_id", "ad_id", "price")
+
+
+# ----------------------------------------------------------------------------------------
+# The batch recomputation.
+
+def user_sessions(events: DataFrame, mapping: DataFrame, session_gap: str,
+                  watermark: datetime | None) -> DataFrame:
+    """Silver events and the SCD2 mapping to one row per session; a session is closed when
+    ``watermark`` (naive UTC; None: no watermark yet) has passed its end plus the gap."""
+    gap = spark_interval(session_gap)
+    last_event = F.struct("event_time", "event_id")
+    sessions = (ad_campaigns.campaign_at(events.where(F.col("user_id").isNotNull()), mapping)
+                .groupBy("user_id", F.session_window("event_time", gap).alias("_session"))
+                .agg(F.min("event_time").alias("session_start"),
+                     F.max("event_time").alias("session_end"),
+                     F.count("*").alias("events"), *campaign_stats.event_counts(),
+                     F.array_sort(F.collect_set("campaign_id")).alias("campaigns"),
+                     (F.max_by("event_type", last_event) == "purchase")
+                     .alias("ended_in_purchase")))
+    closed = (F.lit(False) if watermark is None else
+              F.col("session_end") + F.expr(f"INTERVAL {gap}") <= F.lit(watermark))
+    return sessions.select(*(field.name for field in SESSION_COLUMNS),
+                           F.when(closed, CLOSED).otherwise(OPEN).alias("status"))
+
+
+# ----------------------------------------------------------------------------------------
+# The stream's sessions, in plain Python: what the processor keeps per user.
+
+@dataclass(frozen=True)
+class Session:
+    start: datetime  # naive UTC, as silver's timestamps
+    end: datetime
+    events: int
+    views: int
+    clicks: int
+    purchases: int
+    revenue_cents: int
+    campaigns: frozenset[str]
+    last: tuple[datetime, str, str]  # the last event: time, event_id, event_type
+
+    @classmethod
+    def of_event(cls, event_id: str, time: datetime, event_type: str, price: Decimal | None,
+                 campaign: str) -> Session:
+        paid = event_type == "purchase" and price is not None
+        return cls(time, time, 1, int(event_type == "view"), int(event_type == "click"),
+                   int(event_type == "purchase"), int(price * 100) if paid else 0,
+                   frozenset((campaign,)), (time, event_id, event_type))
+
+    def joins(self, other: Session, gap: timedelta) -> bool:
+        """Whether the two are one session: less than ``gap`` between them, as
+        ``session_window`` merges the windows [t, t + gap) that overlap."""
+        return other.start - self.end < gap and self.start - other.end < gap
+
+    def merged(self, other: Session) -> Session:
+        return Session(min(self.start, other.start), max(self.end, other.end),
+                       self.events + other.events, self.views + other.views,
+                       self.clicks + other.clicks, self.purchases + other.purchases,
+                       self.revenue_cents + other.revenue_cents,
+                       self.campaigns | other.campaigns, max(self.last, other.last))
+
+    def closes_at(self, gap: timedelta) -> datetime:
+        return self.end + gap
+
+    def row(self, user_id: str, status: str, watermark_ms: int) -> Row:
+        from pyspark.sql import Row
+
+        # Keyword arguments: the output schema is matched by name.
+        return Row(user_id=user_id, session_start=self.start, session_end=self.end,
+                   events=self.events, views=self.views, clicks=self.clicks,
+                   purchases=self.purchases,
+                   revenue=Decimal(self.revenue_cents).scaleb(-2),
+                   campaigns=sorted(self.campaigns),
+                   ended_in_purchase=self.last[2] == "purchase", status=status,
+                   watermark_ms=watermark_ms)
+
+
+def absorb(sessions: Iterable[Session], event: Session, gap: timedelta) -> list[Session]:
+    """``sessions`` (one user's, disjoint) with ``event`` added: it joins every session
+    within the gap of it, which become one."""
+    grown, rest = event, []
+    for session in sessions:
+        if session.joins(grown, gap):
+            grown = grown.merged(session)
+        else:
+            rest.append(session)
+    # Growing may bring the result within the gap of a session passed over before it grew.
+    if any(session.joins(grown, gap) for session in rest):
+        return absorb(rest, grown, gap)
+    return [*rest, grown]
+
+
+def naive_utc(moment: datetime) -> datetime:
+    """State hands timestamps back zone-aware, silver's are naive UTC."""
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def epoch_ms(moment: datetime) -> int:
+    return int(moment.replace(tzinfo=UTC).timestamp() * 1000)
+
+
+# ----------------------------------------------------------------------------------------
+# The stream.
+
+# A user's open sessions, as state keeps them (``Session``'s fields).
+STATE = StructType([
+    StructField("start", TimestampType(), False),
+    StructField("end", TimestampType(), False),
+    *(StructField(name, LongType(), False)
+      for name in ("events", "views", "clicks", "purchases", "revenue_cents")),
+    StructField("campaigns", ArrayType(StringType(), False), False),
+    StructField("last_time", TimestampType(), False),
+    StructField("last_event_id", StringType(), False),
+    StructField("last_event_type", StringType(), False),
+])
+
+
+def _from_state(values: tuple) -> Session:
+    start, end, events, views, clicks, purchases, cents, campaigns, *last = values
+    return Session(naive_utc(start), naive_utc(end), events, views, clicks, purchases, cents,
+                   frozenset(campaigns), (naive_utc(last[0]), last[1], last[2]))
+
+
+def _to_state(session: Session) -> tuple:
+    return (session.start, session.end, session.events, session.views, session.clicks,
+            session.purchases, session.revenue_cents, sorted(session.campaigns),
+            *session.last)
+
+
+def changes(user_id: str, before: list[Session], after: list[Session], watermark_ms: int
+            ) -> list[Row]:
+    """The rows that bring the table from a user's open sessions ``before`` to ``after``:
+    each new or grown session, and each one that no longer starts where it did (merged
+    into another, or started earlier), for the MERGE to delete."""
+    starts_after = {session.start for session in after}
+    return ([session.row(user_id, SUPERSEDED, watermark_ms) for session in before
+             if session.start not in starts_after]
+            + [session.row(user_id, OPEN, watermark_ms) for session in after
+               if session not in before])
+
+
+def _processor(gap: timedelta) -> object:
+    # Defined when called: the stateful processor API imports pandas and pyarrow, which the
+    # Airflow processes reading this module's names need not.
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class OpenSessions(StatefulProcessor):
+        """A user's open sessions in one list state, and one event-time timer at the
+        earliest time one of them closes."""
+
+        def init(self, handle):  # noqa: ANN001, ANN202 (Spark's signature)
+            self.handle = handle
+            # No TTL: Spark allows it in processing-time mode only. The timer bounds the
+            # state instead: every session closes once the watermark passes it, and a user
+            # with no open session keeps no state.
+            self.open = handle.getListState("open_sessions", STATE)
+
+        def _load(self) -> list[Session]:
+            return [_from_state(values) for values in self.open.get()] if self.open.exists() else []
+
+        def _store(self, sessions: list[Session]) -> None:
+            for timer in self.handle.listTimers():
+                self.handle.deleteTimer(timer)
+            if not sessions:
+                self.open.clear()
+                return
+            self.open.put([_to_state(session) for session in sessions])
+            self.handle.registerTimer(min(epoch_ms(s.closes_at(gap)) for s in sessions))
+
+        def handleInputRows(self, key, rows, timerValues):  # noqa: ANN001, ANN202, N802, N803
+            watermark_ms = timerValues.getCurrentWatermarkInMs()
+            before = self._load()
+            sessions, late = before, []
+            for row in rows:
+                time = naive_utc(row.event_time)
+                event = Session.of_event(row.event_id, time, row.event_type, row.price,
+                                         row.campaign_id)
+                # At or behind the watermark, the event's session may be closed and written.
+                if epoch_ms(time) <= watermark_ms:
+                    late.append(event.row(key[0], LATE, watermark_ms))
+                else:
+                    sessions = absorb(sessions, event, gap)
+            if sessions != before:
+                self._store(sessions)
+            return iter(late + changes(key[0], before, sessions, watermark_ms))
+
+        def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):  # noqa: ANN001, ANN202, N802, N803
+            watermark_ms = timerValues.getCurrentWatermarkInMs()
+            sessions = self._load()
+            closed = [s for s in sessions if epoch_ms(s.closes_at(gap)) <= watermark_ms]
+            self._store([s for s in sessions if s not in closed])
+            return iter([session.row(key[0], CLOSED, watermark_ms) for session in closed])
+
+        def close(self) -> None:
+            pass
+
+    return OpenSessions()
+
+
+def session_changes(events: DataFrame, mapping: DataFrame, session_gap: str,
+                    watermark_delay: str) -> DataFrame:
+    """The stream of session rows (``CHANGES``) from a stream of silver events."""
+    with_campaign = ad_campaigns.campaign_at(
+        events.select(*INPUTS).where(F.col("user_id").isNotNull())
+        .withWatermark("event_time", spark_interval(watermark_delay)), mapping)
+    # Spark drops the rows behind the watermark before a stateful step; the processor must
+    # see them to count them in the ledger, so it gets the time as a column of its own.
+    plain_time = F.timestamp_micros(F.unix_micros("event_time")).alias("event_time")
+    return (with_campaign.select("user_id", "event_id", plain_time, "event_type", "price",
+                                 "campaign_id")
+            .groupBy("user_id")
+            .transformWithState(_processor(timedelta(seconds=interval_seconds(session_gap))),
+                                 CHANGES, "Append", "EventTime"))
+
+
+def latest_per_session(changed: DataFrame) -> DataFrame:
+    """One row per session of a micro-batch's changes, the one that stands (``PRECEDENCE``)."""
+    rank = F.element_at(F.create_map(*(F.lit(x) for pair in PRECEDENCE.items() for x in pair)),
+                        F.col("status"))
+    latest = Window.partitionBy("user_id", "session_start").orderBy(rank.desc())
+    return (changed.where(F.col("status") != LATE)
+            .withColumn("_rank", F.row_number().over(latest)).where("_rank = 1")
+            .select(*SCHEMA.fieldNames()))
+
+
+def late_events(changed: DataFrame) -> DataFrame:
+    return (changed.where(F.col("status") == LATE)
+            .select(F.to_date("session_start").alias("event_date"),
+                    F.lit(None).cast("timestamp").alias("window_start")))
+
+
+
+def process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int, *,
+            settings: Settings) -> None:
+    with writer.LOCK.batch():  # never beside a gold rebuild (see ``gold.writer``)
+        # Cached: the summary, the ledger and the MERGE read it, and reading it again would
+        # run the stateful step again.
+        changed = batch.persist()
+        try:
+            _process(spark, settings, changed, query_id, batch_id)
+        finally:
+            changed.unpersist()
+
+
+def _process(spark: SparkSession, settings: Settings, changed: DataFrame, query_id: str,
+             batch_id: int) -> None:
+    """One micro-batch of changes: late events to the ledger, sessions MERGEd in."""
+    is_late = F.col("status") == LATE
+    summary = changed.agg(F.count_if(is_late).alias("late"),
+                          F.max("watermark_ms").alias("watermark_ms"),
+                          *time_bounds(F.when(~is_late, F.col("session_start")))).first()
+    if summary["late"]:
+        checkpoint = settings.checkpoint(QUERY_NAME)
+        late_data.append(settings, late_data.entries(
+            late_events(changed), LAYER, summary["watermark_ms"] * 1000, query_id, batch_id,
+            batch_time(checkpoint, batch_id)), checkpoint, query_id, batch_id)
+    if summary["first"] is not None:
+        with idempotent_dml(spark, query_id, batch_id):
+            merge(spark, settings, latest_per_session(changed),
+                  (summary["first"], summary["last"]))
+
+
+def merge(spark: SparkSession, settings: Settings, sessions: DataFrame,
+          starts: tuple[str, str]) -> None:
+    """Insert new sessions, replace grown or closed ones, delete the superseded. Scoped to
+    the batch's session starts (timestamp literal text), so Delta skips the files of other
+    times by their statistics."""
+    from delta.tables import DeltaTable
+
+    scope = f"t.session_start BETWEEN TIMESTAMP'{starts[0]}' AND TIMESTAMP'{starts[1]}'"
+    superseded = f"s.status = '{SUPERSEDED}'"
+    (DeltaTable.forPath(spark, TABLE.path(settings)).alias("t")
+        .merge(sessions.alias("s"), f"{scope} AND t.user_id = s.user_id "
+                                    f"AND t.session_start = s.session_start")
+        .whenMatchedDelete(condition=superseded)
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll(condition=f"NOT ({superseded})")
+        .execute())
+
+
+def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
+          ) -> StreamingQuery:
+    for table in (TABLE, ad_campaigns.TABLE, late_data.TABLE):
+        ensure_table(spark, settings, table)
+    changes_stream = session_changes(silver.read_stream(spark, settings),
+                                     read_table(spark, settings, ad_campaigns.TABLE),
+                                     settings.session_gap, settings.watermark_delay)
+    return start_exactly_once(changes_stream, settings, QUERY_NAME, process, trigger)

@@ -1,0 +1,187 @@
+"""``gold.user_sessions``: the sessions' rules in plain Python, the batch recomputation on
+small inline data, and the stream against the batch over many micro-batches."""
+
+import random
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from pyspark.sql import functions as F
+
+from spark_jobs.gold import user_sessions
+from spark_jobs.gold.user_sessions import CLOSED, OPEN, Session, absorb
+from spark_jobs.ops import late_data
+from spark_jobs.silver import ad_campaigns
+from spark_jobs.silver import ad_events as silver
+from tests.test_gold import mapping
+
+GAP = timedelta(minutes=30)
+EPOCH = datetime(2026, 1, 1)
+
+
+def at(minute: int, hour: int = 12) -> datetime:
+    return datetime(2026, 11, 22, hour, minute)
+
+
+def event(minute: int, event_type: str = "view", hour: int = 12) -> Session:
+    return Session.of_event(f"e-{hour}-{minute}", at(minute, hour), event_type,
+                            Decimal("2.50") if event_type == "purchase" else None, "c-1")
+
+
+def spans(sessions: list[Session]) -> list[tuple[datetime, datetime, int]]:
+    return sorted((s.start, s.end, s.events) for s in sessions)
+
+
+def test_an_event_within_the_gap_of_two_sessions_makes_them_one() -> None:
+    # 12:00 and 12:50 are 50 minutes apart: two sessions. 12:25 is under 30 minutes from
+    # both, so it bridges them into one of three events.
+    sessions = absorb(absorb([], event(0), GAP), event(50), GAP)
+    assert spans(sessions) == [(at(0), at(0), 1), (at(50), at(50), 1)]
+    assert spans(absorb(sessions, event(25), GAP)) == [(at(0), at(50), 3)]
+
+
+def test_a_gap_of_exactly_session_gap_starts_a_new_session() -> None:
+    # session_window merges the windows [t, t + gap) that overlap: 12:00's ends at 12:30,
+    # where 12:30's begins, so they are two sessions, as in the batch recomputation.
+    assert spans(absorb(absorb([], event(0), GAP), event(30), GAP)) == [
+        (at(0), at(0), 1), (at(30), at(30), 1)]
+
+
+def test_the_order_events_arrive_in_does_not_change_the_sessions() -> None:
+    minutes = [0, 20, 40, 95, 100, 140, 125, 10]  # 0-40 chained, 95-140 chained
+    expected = [(at(0), at(40), 4), (at(35, 13), at(20, 14), 4)]
+    for seed in range(5):
+        order = minutes[:]
+        random.Random(seed).shuffle(order)
+        sessions: list[Session] = []
+        for minute in order:
+            sessions = absorb(sessions, event(minute % 60, hour=12 + minute // 60), GAP)
+        assert spans(sessions) == expected
+
+
+def silver_frame(spark, rows: list[tuple]):
+    """(event_id, event_time, event_type, user_id, ad_id, price) as silver rows."""
+    full = [(event_id, time, time.date(), event_type, user, None, ad, None, None,
+             None if price is None else Decimal(price), None, False, f"bronze-{event_id}",
+             "test", time)
+            for event_id, time, event_type, user, ad, price in rows]
+    return spark.createDataFrame(full, silver.SCHEMA)
+
+
+def test_the_batch_recomputation_on_inline_data(spark) -> None:
+    move = at(10)
+    campaigns = mapping(spark, [("ad-1", "c-1", EPOCH), ("ad-1", "c-2", move)])
+    rows = silver_frame(spark, [
+        # u-1: 12:00, 12:05 (campaign c-1 before the move), 12:20 purchase (c-2): one
+        # session of three events ending in a purchase of 4.00.
+        ("a", at(0), "view", "u-1", "ad-1", None),
+        ("b", at(5), "click", "u-1", "ad-1", None),
+        ("c", at(20), "purchase", "u-1", "ad-1", "4.00"),
+        # u-1 again at 13:00, 40 minutes after 12:20: a second session; an ad without a
+        # mapping counts under "unknown".
+        ("d", at(0, 13), "view", "u-1", "ad-9", None),
+        # u-2: one view at 12:00 and one at 12:00 with an earlier event_id: the last event
+        # is the one with the greater (time, event_id), the view "z", not the purchase "y".
+        ("y", at(0), "purchase", "u-2", "ad-1", "1.00"),
+        ("z", at(0), "view", "u-2", "ad-1", None),
+        # No user: no session.
+        ("n", at(1), "view", None, "ad-1", None),
+    ])
+    # The watermark 12:50 has reached 12:20 + 30 minutes (u-1's first session closes: no
+    # event on time can join it) but not 13:00 + 30 minutes; u-2's 12:30 is behind it too.
+    result = {(r.user_id, r.session_start): r for r in user_sessions.user_sessions(
+        rows, campaigns, "30 minutes", at(50)).collect()}
+    assert set(result) == {("u-1", at(0)), ("u-1", at(0, 13)), ("u-2", at(0))}
+    first = result[("u-1", at(0))]
+    assert (first.session_end, first.events, first.views, first.clicks, first.purchases,
+            first.revenue, first.campaigns, first.ended_in_purchase, first.status) == (
+        at(20), 3, 1, 1, 1, Decimal("4.00"), ["c-1", "c-2"], True, CLOSED)
+    second = result[("u-1", at(0, 13))]
+    assert (second.events, second.campaigns, second.ended_in_purchase, second.status) == (
+        1, ["unknown"], False, OPEN)
+    other = result[("u-2", at(0))]
+    assert (other.events, other.revenue, other.ended_in_purchase, other.status) == (
+        2, Decimal("1.00"), False, CLOSED)
+
+
+def corpus(seed: int, batches: int) -> list[list[tuple]]:
+    """Micro-batches of silver rows: 30 users, each active in a batch's quarter hour with
+    probability 0.4 (so sessions open, grow, merge and close), 4% of events 20 to 90
+    minutes older than their batch (late under a 10-minute watermark, or not), a few
+    without a user, purchases with and without a price."""
+    rng = random.Random(seed)
+    users = [f"u-{i}" for i in range(30)]
+    start = datetime(2026, 11, 22, 8, 0)
+    result, number = [], 0
+    for batch in range(batches):
+        rows = []
+        base = start + timedelta(minutes=15 * batch)
+        for user in users:
+            if rng.random() > 0.4:
+                continue
+            for _ in range(rng.randint(1, 4)):
+                number += 1
+                time = base + timedelta(seconds=rng.uniform(0, 900))
+                if rng.random() < 0.04:
+                    time -= timedelta(minutes=rng.uniform(20, 90))
+                kind = rng.choice(("view", "view", "click", "purchase"))
+                price = (None if kind != "purchase" or rng.random() < 0.2
+                         else f"{rng.randint(1, 999) / 100:.2f}")
+                rows.append((f"e-{number}", time, kind,
+                             None if rng.random() < 0.03 else user, f"ad-{number % 3}", price))
+        result.append(rows)
+    return result
+
+
+def late_by_spark_s_watermark(batches: list[list[tuple]], delay: timedelta) -> set[str]:
+    """The events at or behind the watermark when their batch ran: the latest event time
+    (of events with a user: the stream's input) in the batches before, less the delay, in
+    milliseconds as Spark keeps it."""
+    late, latest = set(), None
+    for rows in batches:
+        watermark = 0 if latest is None else latest - delay.total_seconds() * 1000
+        timed = [(user_sessions.epoch_ms(row[1]), row) for row in rows if row[3] is not None]
+        late |= {row[0] for ms, row in timed if ms <= watermark}
+        latest = max([latest or 0, *(ms for ms, _ in timed)])
+    return late
+
+
+def test_the_stream_equals_the_batch_recomputation_over_many_micro_batches(
+        spark, settings) -> None:
+    batches = corpus(seed=3, batches=8)
+    settings = settings.model_copy(update={"max_files_per_trigger": 1})
+    campaigns = mapping(spark, [("ad-0", "c-0", EPOCH), ("ad-1", "c-1", EPOCH)])
+    campaigns.write.format("delta").save(ad_campaigns.TABLE.path(settings))
+    for rows in batches:  # a commit of one file each: one micro-batch each
+        silver_frame(spark, rows).coalesce(1).write.format("delta").mode("append").save(
+            silver.TABLE.path(settings))
+
+    query = user_sessions.start(spark, settings, {"availableNow": True})
+    query.awaitTermination()
+    assert query.exception() is None
+    watermark = datetime.strptime(query.lastProgress["eventTime"]["watermark"],
+                                  "%Y-%m-%dT%H:%M:%S.%fZ")
+    assert len(query.recentProgress) >= len(batches)
+
+    late = late_by_spark_s_watermark(batches, timedelta(minutes=10))
+    assert late, "the corpus must have late events for the test to mean anything"
+    # The ledger counts every late event, under its date.
+    ledger = (spark.read.format("delta").load(late_data.TABLE.path(settings))
+              .where(F.col("layer") == user_sessions.LAYER))
+    assert ledger.agg(F.sum("late_rows")).first()[0] == len(late)
+
+    everything = spark.read.format("delta").load(silver.TABLE.path(settings))
+    on_time = everything.where(~F.col("event_id").isin(sorted(late)))
+    expected = {(r.user_id, r.session_start): r.asDict() for r in user_sessions.user_sessions(
+        on_time, campaigns, settings.session_gap, watermark).collect()}
+    streamed = {(r.user_id, r.session_start): r.asDict() for r in spark.read.format("delta")
+                .load(user_sessions.TABLE.path(settings)).collect()}
+    # Without the late events, the stream's sessions are exactly the batch's, open and
+    # closed alike, and a late event is counted once: in the ledger, in no session.
+    assert streamed == expected
+    statuses = {row["status"] for row in streamed.values()}
+    assert statuses == {OPEN, CLOSED}
+    # Sessions the late events would have touched are where the stream and a batch over
+    # every event differ; a reprocess repairs them (the ledger lists their dates).
+    with_late = {(r.user_id, r.session_start): r.asDict() for r in user_sessions.user_sessions(
+        everything, campaigns, settings.session_gap, watermark).collect()}
+    assert with_late != streamed
