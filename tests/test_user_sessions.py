@@ -12,6 +12,7 @@ from spark_jobs.gold.user_sessions import CLOSED, OPEN, Session, absorb
 from spark_jobs.ops import late_data
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
+from tests.conftest import make_settings
 from tests.test_gold import mapping
 
 GAP = timedelta(minutes=30)
@@ -145,15 +146,26 @@ def late_by_spark_s_watermark(batches: list[list[tuple]], delay: timedelta) -> s
     return late
 
 
-def test_the_stream_equals_the_batch_recomputation_over_many_micro_batches(
-        spark, settings) -> None:
-    batches = corpus(seed=3, batches=8)
-    settings = settings.model_copy(update={"max_files_per_trigger": 1})
+def stream_corpus(spark, settings, batches: list[list[tuple]]):
+    """Silver written a commit per micro-batch, the mapping beside it; the mapping."""
     campaigns = mapping(spark, [("ad-0", "c-0", EPOCH), ("ad-1", "c-1", EPOCH)])
     campaigns.write.format("delta").save(ad_campaigns.TABLE.path(settings))
     for rows in batches:  # a commit of one file each: one micro-batch each
         silver_frame(spark, rows).coalesce(1).write.format("delta").mode("append").save(
             silver.TABLE.path(settings))
+    return campaigns
+
+
+def sessions_table(spark, settings) -> dict:
+    return {(r.user_id, r.session_start): r.asDict() for r in spark.read.format("delta")
+            .load(user_sessions.TABLE.path(settings)).collect()}
+
+
+def test_the_stream_equals_the_batch_recomputation_over_many_micro_batches(
+        spark, settings) -> None:
+    batches = corpus(seed=3, batches=8)
+    settings = settings.model_copy(update={"max_files_per_trigger": 1})
+    campaigns = stream_corpus(spark, settings, batches)
 
     query = user_sessions.start(spark, settings, {"availableNow": True})
     query.awaitTermination()
@@ -173,8 +185,7 @@ def test_the_stream_equals_the_batch_recomputation_over_many_micro_batches(
     on_time = everything.where(~F.col("event_id").isin(sorted(late)))
     expected = {(r.user_id, r.session_start): r.asDict() for r in user_sessions.user_sessions(
         on_time, campaigns, settings.session_gap, watermark).collect()}
-    streamed = {(r.user_id, r.session_start): r.asDict() for r in spark.read.format("delta")
-                .load(user_sessions.TABLE.path(settings)).collect()}
+    streamed = sessions_table(spark, settings)
     # Without the late events, the stream's sessions are exactly the batch's, open and
     # closed alike, and a late event is counted once: in the ledger, in no session.
     assert streamed == expected
@@ -185,3 +196,52 @@ def test_the_stream_equals_the_batch_recomputation_over_many_micro_batches(
     with_late = {(r.user_id, r.session_start): r.asDict() for r in user_sessions.user_sessions(
         everything, campaigns, settings.session_gap, watermark).collect()}
     assert with_late != streamed
+
+
+def test_a_batch_failing_after_its_ledger_or_its_merge_replays_to_the_same_table(
+        spark, settings, tmp_path, monkeypatch) -> None:
+    batches = corpus(seed=5, batches=6)
+    settings = settings.model_copy(update={"max_files_per_trigger": 1})
+    stream_corpus(spark, settings, batches)
+    # The same corpus, undisturbed, in a lake of its own: what the replays must give.
+    calm = make_settings(tmp_path / "calm", max_files_per_trigger=1)
+    stream_corpus(spark, calm, batches)
+    user_sessions.start(spark, calm, {"availableNow": True}).awaitTermination()
+
+    # Batch 2 fails after its ledger rows are appended, before its MERGE; batch 4 after
+    # its MERGE committed, before Spark records the batch done. Each run stops there, and
+    # the next replays the batch from the checkpoint, state as it was before it.
+    failures = {2: "merge", 4: "after"}
+    merge, process = user_sessions.merge, user_sessions._process
+
+    def failing_merge(spark, settings, sessions, starts):
+        if failures.get(current[0]) == "merge":
+            del failures[current[0]]
+            raise RuntimeError("injected: after the ledger, before the MERGE")
+        merge(spark, settings, sessions, starts)
+
+    def failing_process(spark, settings, changed, query_id, batch_id):
+        current[0] = batch_id
+        process(spark, settings, changed, query_id, batch_id)
+        if failures.get(batch_id) == "after":
+            del failures[batch_id]
+            raise RuntimeError("injected: after the MERGE")
+
+    current = [-1]
+    monkeypatch.setattr(user_sessions, "merge", failing_merge)
+    monkeypatch.setattr(user_sessions, "_process", failing_process)
+    runs = 0
+    while True:
+        runs += 1
+        query = user_sessions.start(spark, settings, {"availableNow": True})
+        try:
+            query.awaitTermination()
+            break
+        except Exception as failure:  # the injected one, through Spark
+            assert "injected" in str(failure)
+    assert runs == 3 and not failures
+
+    assert sessions_table(spark, settings) == sessions_table(spark, calm)
+    ledger = [spark.read.format("delta").load(late_data.TABLE.path(lake))
+              .agg(F.sum("late_rows")).first()[0] for lake in (settings, calm)]
+    assert ledger[0] == ledger[1] > 0
