@@ -32,6 +32,7 @@ INSIDE_BATCHES = (
     "silver_ad_events.after_quarantine",
     "silver_ad_events.between_merges",
     "gold_campaign_stats.after_ledger",
+    "gold_user_sessions.after_ledger",
     "ops_alerts.after_publish",
 )
 POINTS = (*(f"{query}.{edge}" for query in registry.query_names()

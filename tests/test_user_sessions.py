@@ -2,6 +2,9 @@
 small inline data, and the stream against the batch over many micro-batches."""
 
 import random
+import signal
+import subprocess
+import sys
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -12,6 +15,7 @@ from spark_jobs.gold.user_sessions import CLOSED, OPEN, Session, absorb
 from spark_jobs.ops import late_data
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
+from tests.conftest import cli_env
 from tests.test_gold import mapping
 
 GAP = timedelta(minutes=30)
@@ -132,17 +136,19 @@ def corpus(seed: int, batches: int) -> list[list[tuple]]:
     return result
 
 
-def late_by_spark_s_watermark(batches: list[list[tuple]], delay: timedelta) -> set[str]:
-    """The events at or behind the watermark when their batch ran: the latest event time
-    (of events with a user: the stream's input) in the batches before, less the delay, in
-    milliseconds as Spark keeps it."""
-    late, latest = set(), None
+def late_by_spark_s_watermark(batches: list[list[tuple]], delay: timedelta
+                              ) -> tuple[set[str], datetime]:
+    """The events at or behind the watermark when their batch ran, and the watermark once
+    all have run: the latest event time (of events with a user: the stream's input) in the
+    batches before, less the delay, in milliseconds as Spark keeps it."""
+    late, latest = set(), 0
+    delay_ms = int(delay.total_seconds() * 1000)
     for rows in batches:
-        watermark = 0 if latest is None else latest - delay.total_seconds() * 1000
+        watermark = latest - delay_ms if latest else 0
         timed = [(user_sessions.epoch_ms(row[1]), row) for row in rows if row[3] is not None]
         late |= {row[0] for ms, row in timed if ms <= watermark}
-        latest = max([latest or 0, *(ms for ms, _ in timed)])
-    return late
+        latest = max([latest, *(ms for ms, _ in timed)])
+    return late, datetime(1970, 1, 1) + timedelta(milliseconds=latest - delay_ms)
 
 
 def stream_corpus(spark, settings, batches: list[list[tuple]]):
@@ -161,12 +167,10 @@ def sessions_table(spark, settings) -> dict:
 
 
 def assert_the_stream_equals_the_batch(spark, settings, batches: list[list[tuple]],
-                                       campaigns, query) -> dict:
-    """The table and ledger ``query`` (finished) left against the batch recomputation; the
-    table's sessions."""
-    watermark = datetime.strptime(query.lastProgress["eventTime"]["watermark"],
-                                  "%Y-%m-%dT%H:%M:%S.%fZ")
-    late = late_by_spark_s_watermark(batches, timedelta(minutes=10))
+                                       campaigns) -> dict:
+    """The table and ledger the stream left, all ``batches`` read, against the batch
+    recomputation; the table's sessions."""
+    late, watermark = late_by_spark_s_watermark(batches, timedelta(minutes=10))
     assert late, "the corpus must have late events for the test to mean anything"
     # The ledger counts every late event once, under its date.
     ledger = (spark.read.format("delta").load(late_data.TABLE.path(settings))
@@ -200,7 +204,7 @@ def test_the_stream_equals_the_batch_recomputation_over_many_micro_batches(
     query.awaitTermination()
     assert query.exception() is None
     assert len(query.recentProgress) >= len(batches)
-    assert_the_stream_equals_the_batch(spark, settings, batches, campaigns, query)
+    assert_the_stream_equals_the_batch(spark, settings, batches, campaigns)
 
 
 def test_a_batch_failing_after_its_ledger_or_its_merge_replays_to_the_same_result(
@@ -242,4 +246,36 @@ def test_a_batch_failing_after_its_ledger_or_its_merge_replays_to_the_same_resul
             assert "injected" in str(failure)
     assert runs == 3 and not failures
     # As if nothing had failed: no ledger row twice, no session lost or doubled.
-    assert_the_stream_equals_the_batch(spark, settings, batches, campaigns, query)
+    assert_the_stream_equals_the_batch(spark, settings, batches, campaigns)
+
+
+# The stream in a driver of its own, as the chaos battery kills them.
+DRIVER = """
+import sys
+from spark_jobs import config
+from spark_jobs.gold import user_sessions
+from spark_jobs.session import build_spark
+
+settings = config.load({"root": sys.argv[1], "shuffle_partitions": 2,
+                        "max_files_per_trigger": 1}, environ={})
+spark = build_spark(settings, app_name="user-sessions-driver")
+user_sessions.start(spark, settings, {"availableNow": True}).awaitTermination()
+"""
+
+
+def test_a_driver_killed_inside_a_merge_resumes_to_the_same_result(spark, settings) -> None:
+    batches = corpus(seed=5, batches=6)
+    settings = settings.model_copy(update={"max_files_per_trigger": 1})
+    campaigns = stream_corpus(spark, settings, batches)
+    # SIGKILL of the driver and its JVM 0.3 s after the first ledger append: inside the
+    # MERGE that follows it, state committed for no batch after the last one done.
+    killed = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(settings.root)], capture_output=True, text=True,
+        env=cli_env(LAKEHOUSE_CRASH_AT="gold_user_sessions.after_ledger+0.3"),
+        start_new_session=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert "crash point gold_user_sessions.after_ledger" in killed.stderr
+    resumed = subprocess.run([sys.executable, "-c", DRIVER, str(settings.root)],
+                             capture_output=True, text=True, env=cli_env(), timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_the_stream_equals_the_batch(spark, settings, batches, campaigns)

@@ -42,6 +42,7 @@ from pyspark.sql.types import (
 
 from spark_jobs.config import Settings, interval_seconds, spark_interval
 from spark_jobs.delta_writes import batch_time, idempotent_dml, start_exactly_once, time_bounds
+from spark_jobs.faults import crash_point
 from spark_jobs.gold import campaign_stats, writer
 from spark_jobs.ops import late_data
 from spark_jobs.silver import ad_campaigns
@@ -339,6 +340,7 @@ def _process(spark: SparkSession, settings: Settings, changed: DataFrame, query_
         late_data.append(settings, late_data.entries(
             late_events(changed), LAYER, summary["watermark_ms"] * 1000, query_id, batch_id,
             batch_time(checkpoint, batch_id)), checkpoint, query_id, batch_id)
+        crash_point("gold_user_sessions.after_ledger")
     if summary["first"] is not None:
         with idempotent_dml(spark, query_id, batch_id):
             merge(spark, settings, latest_per_session(changed),
