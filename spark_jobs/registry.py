@@ -126,8 +126,8 @@ TABLES: dict[str, Table] = _by_name(
     # Not started by the stream runner yet (no stream): the module's stream and batch
     # recomputation are tested on their own; the runner, the reprocess and a suite come next.
     Table(name="gold.user_sessions", kind="data",
-          grain="one row per user session: a user's events less than session_gap (30 "
-                "minutes by default) apart in event time, open until the watermark passes "
+          grain="one row per user session: a user's events at most session_gap (30 "
+                "minutes by default) apart in event time, open until the watermark reaches "
                 "its last event plus the gap",
           zorder_by=("user_id", "session_start")),
     Table(name="ops.alerts", kind="ops",

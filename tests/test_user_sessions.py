@@ -43,11 +43,13 @@ def test_an_event_within_the_gap_of_two_sessions_makes_them_one() -> None:
     assert spans(absorb(sessions, event(25), GAP)) == [(at(0), at(50), 3)]
 
 
-def test_a_gap_of_exactly_session_gap_starts_a_new_session() -> None:
-    # session_window merges the windows [t, t + gap) that overlap: 12:00's ends at 12:30,
-    # where 12:30's begins, so they are two sessions, as in the batch recomputation.
-    assert spans(absorb(absorb([], event(0), GAP), event(30), GAP)) == [
-        (at(0), at(0), 1), (at(30), at(30), 1)]
+def test_a_gap_of_exactly_session_gap_keeps_one_session_and_more_starts_a_new_one() -> None:
+    # session_window merges an event starting at or before a session's end (its last
+    # event plus the gap): 12:30 is 12:00's end, so one session, as the batch has it
+    # (test_the_batch_recomputation_on_inline_data); 12:31 is past it.
+    assert spans(absorb(absorb([], event(0), GAP), event(30), GAP)) == [(at(0), at(30), 2)]
+    assert spans(absorb(absorb([], event(0), GAP), event(31), GAP)) == [
+        (at(0), at(0), 1), (at(31), at(31), 1)]
 
 
 def test_the_order_events_arrive_in_does_not_change_the_sessions() -> None:
@@ -83,18 +85,22 @@ def test_the_batch_recomputation_on_inline_data(spark) -> None:
         # u-1 again at 13:00, 40 minutes after 12:20: a second session; an ad without a
         # mapping counts under "unknown".
         ("d", at(0, 13), "view", "u-1", "ad-9", None),
-        # u-2: one view at 12:00 and one at 12:00 with an earlier event_id: the last event
-        # is the one with the greater (time, event_id), the view "z", not the purchase "y".
+        # u-2: a purchase "y" and a view "z", both at 12:00: the last event is the one
+        # with the greater (time, event_id), the view, so no purchase ended the session.
         ("y", at(0), "purchase", "u-2", "ad-1", "1.00"),
         ("z", at(0), "view", "u-2", "ad-1", None),
         # No user: no session.
         ("n", at(1), "view", None, "ad-1", None),
+        # u-3: 12:00 and 12:30, exactly the gap apart: one session.
+        ("p", at(0), "view", "u-3", "ad-1", None),
+        ("q", at(30), "view", "u-3", "ad-1", None),
     ])
-    # The watermark 12:50 has reached 12:20 + 30 minutes (u-1's first session closes: no
-    # event on time can join it) but not 13:00 + 30 minutes; u-2's 12:30 is behind it too.
+    # The watermark 12:50 has reached 12:20 + 30 minutes (u-1's first session closes: an
+    # event on time, after 12:50, would be more than the gap after its last) but not 13:00
+    # + 30 minutes; u-2's 12:30 is behind it too, u-3's 13:00 not.
     result = {(r.user_id, r.session_start): r for r in user_sessions.user_sessions(
         rows, campaigns, "30 minutes", at(50)).collect()}
-    assert set(result) == {("u-1", at(0)), ("u-1", at(0, 13)), ("u-2", at(0))}
+    assert set(result) == {("u-1", at(0)), ("u-1", at(0, 13)), ("u-2", at(0)), ("u-3", at(0))}
     first = result[("u-1", at(0))]
     assert (first.session_end, first.events, first.views, first.clicks, first.purchases,
             first.revenue, first.campaigns, first.ended_in_purchase, first.status) == (
@@ -105,6 +111,19 @@ def test_the_batch_recomputation_on_inline_data(spark) -> None:
     other = result[("u-2", at(0))]
     assert (other.events, other.revenue, other.ended_in_purchase, other.status) == (
         2, Decimal("1.00"), False, CLOSED)
+    gap_apart = result[("u-3", at(0))]
+    assert (gap_apart.session_end, gap_apart.events, gap_apart.status) == (at(30), 2, OPEN)
+    # A microsecond before 12:50, u-1's first session is still open.
+    just_before = {(r.user_id, r.session_start): r.status for r in user_sessions.user_sessions(
+        rows, campaigns, "30 minutes", at(50) - timedelta(microseconds=1)).collect()}
+    assert just_before[("u-1", at(0))] == OPEN
+
+
+def test_a_session_closes_once_the_watermark_reaches_its_end_plus_the_gap() -> None:
+    session = event(20)
+    # Reached: an event on time is after the watermark, more than the gap after 12:20.
+    assert session.closed_under(at(50), GAP)
+    assert not session.closed_under(at(50) - timedelta(microseconds=1), GAP)
 
 
 def corpus(seed: int, batches: int) -> list[list[tuple]]:
@@ -141,14 +160,15 @@ def late_by_spark_s_watermark(batches: list[list[tuple]], delay: timedelta
     """The events at or behind the watermark when their batch ran, and the watermark once
     all have run: the latest event time (of events with a user: the stream's input) in the
     batches before, less the delay, in milliseconds as Spark keeps it."""
-    late, latest = set(), 0
-    delay_ms = int(delay.total_seconds() * 1000)
+    late, latest = set(), None
     for rows in batches:
-        watermark = latest - delay_ms if latest else 0
-        timed = [(user_sessions.epoch_ms(row[1]), row) for row in rows if row[3] is not None]
-        late |= {row[0] for ms, row in timed if ms <= watermark}
-        latest = max([latest, *(ms for ms, _ in timed)])
-    return late, datetime(1970, 1, 1) + timedelta(milliseconds=latest - delay_ms)
+        watermark = latest - delay if latest else datetime(1970, 1, 1)
+        with_user = [row for row in rows if row[3] is not None]
+        late |= {row[0] for row in with_user if row[1] <= watermark}
+        # Spark keeps the latest event time in whole milliseconds.
+        latest = max([*([latest] if latest else []), *(
+            row[1] - timedelta(microseconds=row[1].microsecond % 1000) for row in with_user)])
+    return late, latest - delay
 
 
 def stream_corpus(spark, settings, batches: list[list[tuple]]):
@@ -213,10 +233,14 @@ def test_a_batch_failing_after_its_ledger_or_its_merge_replays_to_the_same_resul
     settings = settings.model_copy(update={"max_files_per_trigger": 1})
     campaigns = stream_corpus(spark, settings, batches)
 
-    # Batch 2 fails after its ledger rows are appended, before its MERGE; batch 4 after
-    # its MERGE committed, before Spark records the batch done. Each run stops there, and
-    # the next replays the batch from the checkpoint, state as it was before it.
-    failures = {2: "merge", 4: "after"}
+    # The first batch with a late event fails after its ledger rows are appended, before
+    # its MERGE; two batches later one fails after its MERGE committed, before Spark
+    # records the batch done. Each run stops there, and the next replays the batch from
+    # the checkpoint, state as it was before it.
+    late, _ = late_by_spark_s_watermark(batches, timedelta(minutes=10))
+    first_late = next(number for number, rows in enumerate(batches)
+                      if any(row[0] in late for row in rows))
+    failures = {first_late: "merge", first_late + 2: "after"}
     merge, process = user_sessions.merge, user_sessions._process
 
     def failing_merge(spark, settings, sessions, starts):
@@ -244,6 +268,9 @@ def test_a_batch_failing_after_its_ledger_or_its_merge_replays_to_the_same_resul
             break
         except Exception as failure:  # the injected one, through Spark
             assert "injected" in str(failure)
+            if runs == 1:  # the ledger append the failed batch made is there
+                ledger = spark.read.format("delta").load(late_data.TABLE.path(settings))
+                assert ledger.where(F.col("batch_id") == first_late).count() > 0
     assert runs == 3 and not failures
     # As if nothing had failed: no ledger row twice, no session lost or doubled.
     assert_the_stream_equals_the_batch(spark, settings, batches, campaigns)

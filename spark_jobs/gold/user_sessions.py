@@ -1,7 +1,7 @@
 """``gold.user_sessions``: what each user did in one sitting.
 
 Grain: one row per session: a run of one ``user_id``'s silver events whose gaps in event
-time are shorter than ``session_gap`` (30 minutes by default). An event without a
+time are at most ``session_gap`` (30 minutes by default). An event without a
 ``user_id`` belongs to no session. ``session_end`` is the session's last event (the session
 closes ``session_gap`` after it); ``campaigns`` are the distinct campaigns its events' ads
 were mapped to at their times; ``ended_in_purchase`` tells whether its last event (by time,
@@ -17,8 +17,8 @@ still open is in the table too, ``status = 'open'``, replaced (MERGE on ``user_i
 an earlier event moves a session's start, the row it replaces is deleted in the same
 commit. So the table answers "who is active now" as well as history, and a reader never
 sees a session twice. An event at or behind the watermark cannot be added (the session it
-belongs to may be closed and written): it goes to ``ops.late_data``, for a reprocess to
-repair its date.
+belongs to may be closed and written): it goes to ``ops.late_data``. (No reprocess
+rebuilds this table yet.)
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from pyspark.sql import Window
+from pyspark.sql import Row, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -53,8 +53,9 @@ from spark_jobs.tables import read as read_table
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from pyspark.sql import DataFrame, Row, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 SESSION_COLUMNS = [
     StructField("user_id", StringType(), False),
@@ -93,7 +94,8 @@ INPUTS = ("event_id", "event_time", "event_type", "user_id", "ad_id", "price")
 def user_sessions(events: DataFrame, mapping: DataFrame, session_gap: str,
                   watermark: datetime | None) -> DataFrame:
     """Silver events and the SCD2 mapping to one row per session; a session is closed when
-    ``watermark`` (naive UTC; None: no watermark yet) has passed its end plus the gap."""
+    ``watermark`` (naive UTC; None: no watermark yet) is past its end plus the gap, as the
+    stream closes it (``Session.closed_under``)."""
     gap = spark_interval(session_gap)
     last_event = F.struct("event_time", "event_id")
     sessions = (ad_campaigns.campaign_at(events.where(F.col("user_id").isNotNull()), mapping)
@@ -105,7 +107,8 @@ def user_sessions(events: DataFrame, mapping: DataFrame, session_gap: str,
                      (F.max_by("event_type", last_event) == "purchase")
                      .alias("ended_in_purchase")))
     closed = (F.lit(False) if watermark is None else
-              F.col("session_end") + F.expr(f"INTERVAL {gap}") <= F.lit(watermark))
+              F.col("session_end") + F.expr(f"INTERVAL {gap}")
+              <= F.timestamp_micros(F.lit((watermark - EPOCH) // timedelta(microseconds=1))))
     return sessions.select(*(field.name for field in SESSION_COLUMNS),
                            F.when(closed, CLOSED).otherwise(OPEN).alias("status"))
 
@@ -134,9 +137,10 @@ class Session:
                    frozenset((campaign,)), (time, event_id, event_type))
 
     def joins(self, other: Session, gap: timedelta) -> bool:
-        """Whether the two are one session: less than ``gap`` between them, as
-        ``session_window`` merges the windows [t, t + gap) that overlap."""
-        return other.start - self.end < gap and self.start - other.end < gap
+        """Whether the two are one session: at most ``gap`` between them, as
+        ``session_window`` merges a session with an event that starts at or before the
+        session's end (its last event plus the gap)."""
+        return other.start - self.end <= gap and self.start - other.end <= gap
 
     def merged(self, other: Session) -> Session:
         return Session(min(self.start, other.start), max(self.end, other.end),
@@ -148,11 +152,15 @@ class Session:
     def closes_at(self, gap: timedelta) -> datetime:
         return self.end + gap
 
-    def row(self, user_id: str, status: str, watermark_ms: int) -> Row:
-        from pyspark.sql import Row
+    def closed_under(self, watermark: datetime, gap: timedelta) -> bool:
+        """Once the watermark has reached its end plus the gap, no event on time (after the
+        watermark) can join it: it would be more than the gap after its last event."""
+        return self.closes_at(gap) <= watermark
 
+    def row(self, user_id: str, status: str, watermark_ms: int) -> Row:
         # Keyword arguments: the output schema is matched by name.
-        return Row(user_id=user_id, session_start=self.start, session_end=self.end,
+        return Row(user_id=user_id, session_start=aware_utc(self.start),
+                   session_end=aware_utc(self.end),
                    events=self.events, views=self.views, clicks=self.clicks,
                    purchases=self.purchases,
                    revenue=Decimal(self.revenue_cents).scaleb(-2),
@@ -162,27 +170,41 @@ class Session:
 
 
 def absorb(sessions: Iterable[Session], event: Session, gap: timedelta) -> list[Session]:
-    """``sessions`` (one user's, disjoint) with ``event`` added: it joins every session
-    within the gap of it, which become one."""
+    """``sessions`` (one user's, no two within the gap of each other) with ``event``
+    added: it joins every session within the gap of it, which become one. One pass is
+    enough: a session passed over could join the grown one only by lying between the event
+    and a session it joined, and then it would be nearer the event than that one."""
     grown, rest = event, []
     for session in sessions:
         if session.joins(grown, gap):
             grown = grown.merged(session)
         else:
             rest.append(session)
-    # Growing may bring the result within the gap of a session passed over before it grew.
-    if any(session.joins(grown, gap) for session in rest):
-        return absorb(rest, grown, gap)
     return [*rest, grown]
 
 
-def naive_utc(moment: datetime) -> datetime:
-    """State hands timestamps back zone-aware, silver's are naive UTC."""
-    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+def aware_utc(moment: datetime) -> datetime:
+    """A naive UTC time as PySpark must be handed it (it reads a naive one in the worker's
+    local time zone)."""
+    return moment.replace(tzinfo=UTC)
+
+
+def to_naive_utc(moment: datetime) -> datetime:
+    """A timestamp as PySpark hands it to the processor (from state zone-aware, from input
+    naive in the worker's local time) as naive UTC, silver's way."""
+    return moment.astimezone(UTC).replace(tzinfo=None)
 
 
 def epoch_ms(moment: datetime) -> int:
-    return int(moment.replace(tzinfo=UTC).timestamp() * 1000)
+    """Milliseconds since the epoch, rounded down (timers and watermarks are in them)."""
+    return (moment - EPOCH) // timedelta(milliseconds=1)
+
+
+def from_epoch_ms(milliseconds: int) -> datetime:
+    return EPOCH + timedelta(milliseconds=milliseconds)
+
+
+EPOCH = datetime(1970, 1, 1)  # naive UTC, as silver's timestamps
 
 
 # ----------------------------------------------------------------------------------------
@@ -203,14 +225,15 @@ STATE = StructType([
 
 def _from_state(values: tuple) -> Session:
     start, end, events, views, clicks, purchases, cents, campaigns, *last = values
-    return Session(naive_utc(start), naive_utc(end), events, views, clicks, purchases, cents,
-                   frozenset(campaigns), (naive_utc(last[0]), last[1], last[2]))
+    return Session(to_naive_utc(start), to_naive_utc(end), events, views, clicks, purchases, cents,
+                   frozenset(campaigns), (to_naive_utc(last[0]), last[1], last[2]))
 
 
 def _to_state(session: Session) -> tuple:
-    return (session.start, session.end, session.events, session.views, session.clicks,
-            session.purchases, session.revenue_cents, sorted(session.campaigns),
-            *session.last)
+    last_time, *last_event = session.last
+    return (aware_utc(session.start), aware_utc(session.end), session.events, session.views,
+            session.clicks, session.purchases, session.revenue_cents,
+            sorted(session.campaigns), aware_utc(last_time), *last_event)
 
 
 def changes(user_id: str, before: list[Session], after: list[Session], watermark_ms: int
@@ -225,7 +248,7 @@ def changes(user_id: str, before: list[Session], after: list[Session], watermark
                if session not in before])
 
 
-def _processor(gap: timedelta) -> object:
+def _processor(gap: timedelta) -> StatefulProcessor:
     # Defined when called: the stateful processor API imports pandas and pyarrow, which the
     # Airflow processes reading this module's names need not.
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
@@ -244,25 +267,35 @@ def _processor(gap: timedelta) -> object:
         def _load(self) -> list[Session]:
             return [_from_state(values) for values in self.open.get()] if self.open.exists() else []
 
-        def _store(self, sessions: list[Session]) -> None:
-            for timer in self.handle.listTimers():
+        def _store(self, sessions: list[Session], expiring: int | None = None) -> None:
+            """Keep ``sessions`` with a timer at the millisecond the first of them can
+            close; ``expiring``: the timer being handled, which Spark deletes after."""
+            for timer in list(self.handle.listTimers()):
                 self.handle.deleteTimer(timer)
             if not sessions:
                 self.open.clear()
                 return
             self.open.put([_to_state(session) for session in sessions])
-            self.handle.registerTimer(min(epoch_ms(s.closes_at(gap)) for s in sessions))
+            # A session closes once the watermark reaches it (``closed_under``), to the
+            # microsecond; a timer fires (at or behind the watermark) by whole
+            # milliseconds. At the millisecond its end plus gap falls in, it may fire with
+            # nothing to close yet: then the next one, a timer that Spark's deletion of the
+            # one handled does not take with it.
+            timer = min(epoch_ms(session.closes_at(gap)) for session in sessions)
+            self.handle.registerTimer(timer + 1 if timer == expiring else timer)
 
         def handleInputRows(self, key, rows, timerValues):  # noqa: ANN001, ANN202, N802, N803
             watermark_ms = timerValues.getCurrentWatermarkInMs()
+            watermark = from_epoch_ms(watermark_ms)
             before = self._load()
             sessions, late = before, []
             for row in rows:
-                time = naive_utc(row.event_time)
+                time = to_naive_utc(row.event_time)
                 event = Session.of_event(row.event_id, time, row.event_type, row.price,
                                          row.campaign_id)
-                # At or behind the watermark, the event's session may be closed and written.
-                if epoch_ms(time) <= watermark_ms:
+                # At or behind the watermark (Spark's rule for late rows), the event's
+                # session may be closed and written.
+                if time <= watermark:
                     late.append(event.row(key[0], LATE, watermark_ms))
                 else:
                     sessions = absorb(sessions, event, gap)
@@ -272,9 +305,11 @@ def _processor(gap: timedelta) -> object:
 
         def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):  # noqa: ANN001, ANN202, N802, N803
             watermark_ms = timerValues.getCurrentWatermarkInMs()
+            watermark = from_epoch_ms(watermark_ms)
             sessions = self._load()
-            closed = [s for s in sessions if epoch_ms(s.closes_at(gap)) <= watermark_ms]
-            self._store([s for s in sessions if s not in closed])
+            closed = [s for s in sessions if s.closed_under(watermark, gap)]
+            self._store([s for s in sessions if s not in closed],
+                        expiring=expiredTimerInfo.getExpiryTimeInMs())
             return iter([session.row(key[0], CLOSED, watermark_ms) for session in closed])
 
         def close(self) -> None:
@@ -310,6 +345,8 @@ def latest_per_session(changed: DataFrame) -> DataFrame:
 
 
 def late_events(changed: DataFrame) -> DataFrame:
+    """The late events among a micro-batch's changes, as the ledger counts them: by event
+    date, with no window (a session has none)."""
     return (changed.where(F.col("status") == LATE)
             .select(F.to_date("session_start").alias("event_date"),
                     F.lit(None).cast("timestamp").alias("window_start")))
