@@ -180,7 +180,8 @@ def test_nullability_lives_in_the_schema_which_delta_enforces_on_every_write(
     # So no suite checks them a second time.
     value_of = {"StringType": "x", "LongType": 0, "IntegerType": 0, "DoubleType": 0.0,
                 "BooleanType": False, "DateType": date(2026, 1, 1),
-                "TimestampType": datetime(2026, 1, 1), "DecimalType": Decimal(0)}
+                "TimestampType": datetime(2026, 1, 1), "DecimalType": Decimal(0),
+                "ArrayType": ["x"]}  # gold.user_sessions' campaigns: strings
     settings = make_settings(tmp_path / "lake")
     for spec in TABLES.values():
         fields = spec.schema.fields
