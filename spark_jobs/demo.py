@@ -204,14 +204,28 @@ def _shut_down(settings: Settings, env: dict[str, str], feed: subprocess.Popen[b
     print("stopped", flush=True)
 
 
+# How long the rest of a process group may outlive its leader once it has stopped.
+GROUP_STRAGGLERS_SECONDS = 15.0
+
+
 def _terminate(process: subprocess.Popen[bytes], grace: float) -> None:
-    if process.poll() is not None:
-        return
+    """Stop ``process`` and its process group: SIGTERM, SIGKILL after ``grace`` seconds."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        except ProcessLookupError:
+            pass
+    # The leader gone, its group may live on: Airflow's DAG processor was seen hung in its
+    # own shutdown for minutes after the SIGTERM, orphaned, after the standalone exited.
+    deadline = time.monotonic() + GROUP_STRAGGLERS_SECONDS
     try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
+        while time.monotonic() < deadline:
+            os.killpg(process.pid, 0)  # raises once no process of the group is left
+            time.sleep(0.5)
         os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
     except ProcessLookupError:
         pass

@@ -137,6 +137,16 @@ def live(tmp_path_factory) -> Iterator[Live]:
         stop_tree(demo)
 
 
+def _processes_of(root: Path) -> list[str]:
+    """The command lines of the live processes whose environment names ``root``."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        with suppress(psutil.Error):
+            if any(str(root) in value for value in process.environ().values()):
+                found.append(" ".join(process.info["cmdline"] or []))
+    return found
+
+
 def _healthy(port: int) -> bool:
     try:
         health = httpx.get(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=5).json()
@@ -325,6 +335,9 @@ def test_ctrl_c_stops_everything_and_nothing_is_lost(live) -> None:
     settings = make_settings(live.root)
     assert heartbeat.health(settings).stopped_cleanly
     assert not _healthy(int(live.api.base_url.port)), "Airflow still answers after Ctrl-C"
+    # Nor is any process of the run left (an Airflow component hung in its shutdown was,
+    # orphaned): none has the run's root in its environment (AIRFLOW_HOME is under it).
+    assert _processes_of(live.root) == []
     # Whatever the feed landed after the streams stopped is carried through now; then every
     # record generated (across the killed driver and its restart) is accounted for once.
     assert run_lakehouse("stream", "--root", str(live.root), "--available-now",
