@@ -315,7 +315,7 @@ def test_closed_windows_are_set_apart_from_the_file_the_merges_rewrite(spark, se
         return sorted((r.window_start, r.views) for r in
                       spark.read.format("delta").load(path).collect())
 
-    watermark_at_25 = watermark._micros(at(25))
+    watermark_at_25 = watermark.micros(at(25))
     add(range(0, 30))  # one file of windows 12:00 to 12:29
     merged = add(range(29, 31))  # 12:29 updated, 12:30 inserted: 29 rows rewritten as they were
     assert copied() == 29
@@ -335,7 +335,7 @@ def test_closed_windows_are_set_apart_from_the_file_the_merges_rewrite(spark, se
     # Below the bound nothing moves, and no commit is written.
     version = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
     assert not campaign_stats.set_closed_windows_apart(spark, settings,
-                                                       watermark._micros(at(28)), merged)
+                                                       watermark.micros(at(28)), merged)
     assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == version
     # After the nightly OPTIMIZE the whole table is one file again: the next MERGE copies
     # all of it, and the closed windows are set apart once more, in files of at most 10
@@ -345,7 +345,7 @@ def test_closed_windows_are_set_apart_from_the_file_the_merges_rewrite(spark, se
     merged = add(range(30, 32))  # 12:30 is in the compacted file: all of it is rewritten
     assert copied() == 30
     after_merge = table()
-    assert campaign_stats.set_closed_windows_apart(spark, settings, watermark._micros(at(28)),
+    assert campaign_stats.set_closed_windows_apart(spark, settings, watermark.micros(at(28)),
                                                    merged)
     assert table() == after_merge
     files = sorted((low.minute, high.minute) for _, low, high in

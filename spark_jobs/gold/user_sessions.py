@@ -44,6 +44,7 @@ from spark_jobs.config import Settings, interval_seconds, spark_interval
 from spark_jobs.delta_writes import batch_time, idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.faults import crash_point
 from spark_jobs.gold import campaign_stats, writer
+from spark_jobs.gold.watermark import micros, naive_utc
 from spark_jobs.ops import late_data
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
@@ -108,7 +109,7 @@ def user_sessions(events: DataFrame, mapping: DataFrame, session_gap: str,
                      .alias("ended_in_purchase")))
     closed = (F.lit(False) if watermark is None else
               F.col("session_end") + F.expr(f"INTERVAL {gap}")
-              <= F.timestamp_micros(F.lit((watermark - EPOCH) // timedelta(microseconds=1))))
+              <= F.timestamp_micros(F.lit(micros(watermark))))
     return sessions.select(*(field.name for field in SESSION_COLUMNS),
                            F.when(closed, CLOSED).otherwise(OPEN).alias("status"))
 
@@ -197,14 +198,11 @@ def to_naive_utc(moment: datetime) -> datetime:
 
 def epoch_ms(moment: datetime) -> int:
     """Milliseconds since the epoch, rounded down (timers and watermarks are in them)."""
-    return (moment - EPOCH) // timedelta(milliseconds=1)
+    return micros(moment) // 1000
 
 
 def from_epoch_ms(milliseconds: int) -> datetime:
-    return EPOCH + timedelta(milliseconds=milliseconds)
-
-
-EPOCH = datetime(1970, 1, 1)  # naive UTC, as silver's timestamps
+    return naive_utc(milliseconds * 1000)
 
 
 # ----------------------------------------------------------------------------------------

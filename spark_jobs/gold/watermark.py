@@ -60,7 +60,7 @@ def latest_before(table_path: str, query_id: str, batch_id: int,
         return remembered[1]
     latest = latest_committed(table_path, query_id, before_batch=batch_id)
     if latest is None and legacy_table_path and delta_reader.is_delta_table(legacy_table_path):
-        recorded = [_micros(row["max_event_time"]) for row in delta_reader.read_rows(
+        recorded = [micros(row["max_event_time"]) for row in delta_reader.read_rows(
                         legacy_table_path, ["query_id", "batch_id", "max_event_time"])
                     if row["query_id"] == query_id and row["batch_id"] < batch_id
                     and row["max_event_time"] is not None]
@@ -96,7 +96,7 @@ def _mark(text: str | None) -> dict[str, Any] | None:
     return mark
 
 
-def _micros(moment: datetime) -> int:
+def micros(moment: datetime) -> int:
     """A timestamp delta-rs read (naive UTC or aware) as microseconds since the epoch."""
     naive = moment if moment.tzinfo is None else moment.astimezone(UTC).replace(tzinfo=None)
     return (naive - EPOCH) // timedelta(microseconds=1)
