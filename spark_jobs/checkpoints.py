@@ -71,9 +71,10 @@ def state_settings(settings: Settings, stream: ModuleType) -> dict[str, str]:
     return {name: str(getattr(settings, name)) for name in getattr(stream, "STATE_SETTINGS", ())}
 
 
-def check_compatible(settings: Settings, layer: str, stream: ModuleType) -> None:
+def check_compatible(settings: Settings, layer: str, stream: ModuleType, *,
+                     record: bool = True) -> None:
     """Refuse to start ``stream`` on a checkpoint built under other ``STATE_SETTINGS``;
-    record them on its first start."""
+    record them on its first start (unless ``record`` is off: a look before the lease)."""
     current = state_settings(settings, stream)
     if not current:
         return
@@ -90,7 +91,8 @@ def check_compatible(settings: Settings, layer: str, stream: ModuleType) -> None
                 f"{layer}. To change it, {runbook(layer)}")
         if current.keys() <= recorded.keys():
             return
-    write_record(checkpoint, RECORD, {**recorded, **current})
+    if record:
+        write_record(checkpoint, RECORD, {**recorded, **current})
 
 
 def remove_interrupted_writes(settings: Settings, stream: ModuleType) -> list[str]:

@@ -132,6 +132,11 @@ def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
     trigger = args.trigger or settings.trigger_interval
     config.interval_seconds(trigger)  # a bad --trigger fails before Spark starts
     stop = streaming.stop_on_signals()
+    try:
+        streaming.refuse_early(settings, layers)
+    except LeaseHeld as error:
+        print(f"lakehouse stream: {error}", file=sys.stderr)
+        return 1
     with spark_session(settings, f"lakehouse-stream-{'-'.join(layers)}") as spark:
         try:
             if args.available_now:

@@ -1,7 +1,8 @@
 """Runs the streaming layers: once over everything present, or continuously until told to stop.
 
-``--available-now`` runs the layers one after another, each to completion, so silver sees
-all of bronze and gold all of silver. Continuous mode starts them side by side and, on
+``--available-now`` runs each layer to completion once the layers it reads have, so silver
+sees all of bronze and gold all of silver (the alert stream, reading bronze, runs beside
+them). Continuous mode starts them side by side and, on
 SIGTERM, SIGINT or a stop request (``lakehouse stop``), stops each query between two
 micro-batches. Either way the driver holds each layer's lease while it runs; a continuous
 driver running gold also carries out the gold rebuilds reprocesses ask of it
@@ -10,7 +11,6 @@ driver running gold also carries out the gold rebuilds reprocesses ask of it
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import signal
@@ -27,7 +27,7 @@ from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import ConfigError, Settings, interval_seconds, spark_interval
 from spark_jobs.gold import writer as gold_writer
 from spark_jobs.ops import heartbeat, stream_progress
-from spark_jobs.ops.leases import leases
+from spark_jobs.ops.leases import leases, refuse_if_running
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROGRESS_FLUSH_SECONDS = 5.0
+AWAIT_POLL_SECONDS = 0.1
 POOL = "spark.scheduler.pool"
 
 # Layer name -> the modules whose ``start`` launch its queries, in dependency order (the
@@ -89,6 +90,17 @@ def _check_checkpoints(settings: Settings, layers: Sequence[str]) -> None:
             checkpoints.check_compatible(settings, layer, stream)
 
 
+def refuse_early(settings: Settings, layers: Sequence[str]) -> None:
+    """What refuses a start of ``layers``, looked at before Spark starts (a JVM's start is
+    seconds a refusal need not wait): a driver running one of them, a checkpoint built
+    under other settings. Checked again, for real, under the leases."""
+    refuse_if_running(settings, layers)
+    for layer in layers:
+        for module in LAYERS[layer]:
+            checkpoints.check_compatible(settings, layer, importlib.import_module(module),
+                                         record=False)
+
+
 def _layer_of(query_name: str) -> str:
     return next(table.layer for table in registry.streams() if table.stream == query_name)
 
@@ -115,18 +127,23 @@ def run_available_now(spark: SparkSession, settings: Settings, layers: Sequence[
 
 
 def catch_up(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> None:
-    """Each layer's streams over everything present, one layer after another; the caller
-    holds the layers' leases."""
+    """Each layer's streams over everything present, each layer once the layers it reads
+    have caught up (so silver sees all of bronze, gold all of silver, and the alert stream,
+    which reads bronze, runs beside silver and gold); the caller holds the layers' leases."""
     _check_checkpoints(settings, layers)
     recorder = stream_progress.ProgressRecorder()
     started: list[StreamingQuery] = []
+    waiting = list(layers)
+    running: dict[str, list[StreamingQuery]] = {}
     try:
-        for layer in layers:
-            queries = _start_layer(spark, settings, layer, {"availableNow": True})
-            started += queries
-            for query in queries:
-                _await_end(query)
-            _raise_if_failed(queries)
+        while waiting or running:
+            for layer in [layer for layer in waiting
+                          if not upstream(layer) & {*waiting, *running}]:
+                running[layer] = _start_layer(spark, settings, layer, {"availableNow": True})
+                started += running[layer]
+                waiting.remove(layer)
+            layer = _await_a_layer(running)
+            _raise_if_failed(running.pop(layer))
             log.info("layer %s caught up", layer)
     finally:
         for query in started:  # a failure or Ctrl-C must leave none running
@@ -137,13 +154,22 @@ def catch_up(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> 
         recorder.flush(spark, settings, started)
 
 
-def _await_end(query: StreamingQuery) -> None:
-    """Wait for an --available-now query to end; how it failed, if it did, is raised with
-    its layer's context by ``_raise_if_failed``."""
-    from pyspark.errors import StreamingQueryException
+def upstream(layer: str) -> set[str]:
+    """The other layers whose tables ``layer``'s streams read (their ``SOURCE_TABLE``)."""
+    sources = (getattr(importlib.import_module(module), "SOURCE_TABLE", None)
+               for module in LAYERS[layer])
+    return {source.layer for source in sources if source is not None} - {layer}
 
-    with contextlib.suppress(StreamingQueryException):
-        query.awaitTermination()
+
+def _await_a_layer(running: dict[str, list[StreamingQuery]]) -> str:
+    """Wait until every --available-now query of one of the ``running`` layers has ended,
+    and name that layer; how a query failed, if one did, is raised with its layer's
+    context by ``_raise_if_failed``."""
+    while True:
+        for layer, queries in running.items():
+            if not any(query.isActive for query in queries):
+                return layer
+        time.sleep(AWAIT_POLL_SECONDS)
 
 
 def stop_at_batch_boundary(query: StreamingQuery, patience_seconds: float) -> None:

@@ -320,6 +320,8 @@ def test_one_driver_per_stream_and_a_graceful_stop(tmp_path) -> None:
     assert second.returncode == 1
     assert "already running under another driver" in second.stderr
     assert f'"pid": {first.pid}' in second.stderr
+    # Refused before a JVM started: Spark prints its logging profile as its JVM starts.
+    assert "log4j" not in second.stderr, second.stderr[-2000:]
 
     stop = run_lakehouse("stop", "--root", str(root), "--wait", "180")
     assert stop.returncode == 0, stop.stderr

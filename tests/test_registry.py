@@ -73,6 +73,10 @@ def test_streams_are_started_shown_and_reset_as_the_registry_says() -> None:
     assert [module.QUERY_NAME for module in started] == list(registry.query_names())
     assert all(callable(module.start) for module in started)
     assert list(streaming.LAYERS) == ["bronze", "silver", "gold", "ops"]
+    # A catch-up starts a layer once the layers it reads have caught up: the alert stream
+    # reads bronze, so it runs beside silver and gold rather than after them.
+    assert {layer: streaming.upstream(layer) for layer in streaming.LAYERS} == {
+        "bronze": set(), "silver": {"bronze"}, "gold": {"silver"}, "ops": {"bronze"}}
     # A table written by a stream is written by one the runner starts (the quarantine by
     # silver's).
     assert {t.stream for t in registry.TABLES.values() if t.stream} == set(

@@ -198,6 +198,8 @@ def test_the_command_line_refuses_the_change_and_a_bronze_reset(lake) -> None:
     assert ("gold_campaign_stats: its checkpoint" in changed.stderr
             and "window_duration = '1 minute' (now '5 minutes')" in changed.stderr
             and "lakehouse reset gold" in changed.stderr), changed.stderr[-3000:]
+    # Refused before a JVM started (Spark prints its logging profile as one starts).
+    assert "log4j" not in changed.stderr, changed.stderr[-3000:]
 
     # A reset under way (or interrupted) keeps reprocessing out, before any Spark starts.
     checkpoints.mark_reset(lake, "silver", "silver", "2026-11-25T22:00:00+00:00")

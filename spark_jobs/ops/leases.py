@@ -109,6 +109,15 @@ def _lease(settings: Settings, layer: str, purpose: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def refuse_if_running(settings: Settings, layers: Sequence[str]) -> None:
+    """Raise ``LeaseHeld`` if a stream driver holds one of ``layers``' leases now: a look,
+    not a claim (``leases`` claims them), so that a command bound to be refused says so
+    before it starts a JVM."""
+    for layer in layers:
+        if (who := driver(settings, layer)) is not None:
+            raise _already_running(layer, json.dumps(who))
+
+
 def _already_running(layer: str, holder_record: str) -> LeaseHeld:
     return LeaseHeld(f"the {layer} stream is already running under another driver "
                      f"({holder_record}); stop it first (lakehouse stop) or wait for it to "
