@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import delta_reader, registry
+from spark_jobs import audit, delta_reader, registry
 from spark_jobs.airflow_env import environment
 from spark_jobs.config import PROJECT_DIR
 from spark_jobs.ops import heartbeat
@@ -243,7 +243,7 @@ def airflow_root(request):
 
 
 @pytest.mark.timeout(1200)
-def test_dags_run_for_real_streaming_reprocess_quality_and_maintenance(airflow_root
+def test_dags_run_for_real_streaming_reprocess_quality_and_maintenance(airflow_root, spark
                                                                      ) -> None:
     root = airflow_root
     # Airflow's own records are in PostgreSQL, not in a SQLite file under the root.
@@ -253,9 +253,11 @@ def test_dags_run_for_real_streaming_reprocess_quality_and_maintenance(airflow_r
                        LAKEHOUSE_STREAMING_MODE="scheduled")
     assert streamed.returncode == 0, streamed.stdout[-3000:]
     assert "state=success" in streamed.stdout + streamed.stderr
-    # The submitted Spark job streamed every layer: the accounting matches the generator.
-    audit = run_lakehouse("audit", "--root", str(root), "--expected")
-    assert audit.returncode == 0, audit.stdout
+    # The submitted Spark job streamed every layer: the accounting matches the generator
+    # (the audit in this process: tests/test_pipeline.py runs its command).
+    settings = make_settings(root)
+    audited = audit.account(spark, settings, settings.expected_counts_file)
+    assert audited.identity_holds and audited.matches_expected, audit.render(audited)
 
     today = datetime.now(UTC).date()
     conf = json.dumps({"from": str(today - timedelta(days=7)), "to": str(today)})
@@ -263,7 +265,8 @@ def test_dags_run_for_real_streaming_reprocess_quality_and_maintenance(airflow_r
     output = reprocessed.stdout + reprocessed.stderr
     assert reprocessed.returncode == 0, output[-3000:]
     assert "state=success" in output and "reprocessed" in output
-    assert run_lakehouse("audit", "--root", str(root)).returncode == 0
+    audited = audit.account(spark, settings)
+    assert audited.identity_holds, audit.render(audited)
 
     # The periodic jobs on the same root: validation passes on this data and writes the
     # report the UI links to; maintenance records its figures for every table.
