@@ -133,19 +133,15 @@ def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
     config.interval_seconds(trigger)  # a bad --trigger fails before Spark starts
     stop = streaming.stop_on_signals()
     try:
-        streaming.refuse_early(settings, layers)
-    except LeaseHeld as error:
-        print(f"lakehouse stream: {error}", file=sys.stderr)
-        return 1
-    with spark_session(settings, f"lakehouse-stream-{'-'.join(layers)}") as spark:
-        try:
+        streaming.refuse_early(settings, layers)  # before the JVM: a refusal need not wait
+        with spark_session(settings, f"lakehouse-stream-{'-'.join(layers)}") as spark:
             if args.available_now:
                 streaming.run_available_now(spark, settings, layers)
             else:
                 streaming.run_continuously(spark, settings, layers, trigger, stop)
-        except (streaming.StreamFailed, LeaseHeld) as error:
-            print(f"lakehouse stream: {error}", file=sys.stderr)
-            return 1
+    except (streaming.StreamFailed, LeaseHeld) as error:
+        print(f"lakehouse stream: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -17,9 +17,10 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from spark_jobs import checkpoints, registry, storage
@@ -78,16 +79,21 @@ def _start_layer(spark: SparkSession, settings: Settings, layer: str,
     return queries
 
 
+def _streams_of(layers: Sequence[str]) -> Iterator[tuple[str, ModuleType]]:
+    """Each stream module of ``layers``, with its layer, in the order they start."""
+    for layer in layers:
+        for module in LAYERS[layer]:
+            yield layer, importlib.import_module(module)
+
+
 def _check_checkpoints(settings: Settings, layers: Sequence[str]) -> None:
     """Every stream of ``layers`` can resume on its checkpoint; checked before any starts,
     so a refused one leaves none running. What a kill left half-written goes first."""
-    for layer in layers:
-        for module in LAYERS[layer]:
-            stream = importlib.import_module(module)
-            if removed := checkpoints.remove_interrupted_writes(settings, stream):
-                log.info("%s: removed what a kill left half-written in its checkpoint: %s",
-                         stream.QUERY_NAME, ", ".join(removed))
-            checkpoints.check_compatible(settings, layer, stream)
+    for layer, stream in _streams_of(layers):
+        if removed := checkpoints.remove_interrupted_writes(settings, stream):
+            log.info("%s: removed what a kill left half-written in its checkpoint: %s",
+                     stream.QUERY_NAME, ", ".join(removed))
+        checkpoints.check_compatible(settings, layer, stream)
 
 
 def refuse_early(settings: Settings, layers: Sequence[str]) -> None:
@@ -95,10 +101,8 @@ def refuse_early(settings: Settings, layers: Sequence[str]) -> None:
     seconds a refusal need not wait): a driver running one of them, a checkpoint built
     under other settings. Checked again, for real, under the leases."""
     refuse_if_running(settings, layers)
-    for layer in layers:
-        for module in LAYERS[layer]:
-            checkpoints.check_compatible(settings, layer, importlib.import_module(module),
-                                         record=False)
+    for layer, stream in _streams_of(layers):
+        checkpoints.check_compatible(settings, layer, stream, record=False)
 
 
 def _layer_of(query_name: str) -> str:
@@ -156,8 +160,7 @@ def catch_up(spark: SparkSession, settings: Settings, layers: Sequence[str]) -> 
 
 def upstream(layer: str) -> set[str]:
     """The other layers whose tables ``layer``'s streams read (their ``SOURCE_TABLE``)."""
-    sources = (getattr(importlib.import_module(module), "SOURCE_TABLE", None)
-               for module in LAYERS[layer])
+    sources = (getattr(stream, "SOURCE_TABLE", None) for _, stream in _streams_of([layer]))
     return {source.layer for source in sources if source is not None} - {layer}
 
 
