@@ -8,6 +8,7 @@ JARS      := .cache/jars/.complete
 BROKER    := .cache/jars/kafka-broker/.complete
 CLASSES   := .cache/jars/classes.jsa
 LOGSTORE  := .cache/jars/lakehouse-logstore.jar
+VALIDATION := .cache/jars/lakehouse-validation.jar
 BROWSER   := .cache/.chromium
 POSTGRES  := .cache/.postgresql
 COMPOSE   := .cache/.docker-compose
@@ -16,7 +17,7 @@ ROOT      ?= data
 
 .PHONY: setup test lint run run-once bench chaos clean
 
-setup: $(INSTALLED) $(JARS) $(LOGSTORE) $(BROKER) $(CLASSES) $(BROWSER) $(POSTGRES) $(COMPOSE) \
+setup: $(INSTALLED) $(JARS) $(LOGSTORE) $(VALIDATION) $(BROKER) $(CLASSES) $(BROWSER) $(POSTGRES) $(COMPOSE) \
 	$(S3SERVER)
 
 $(INSTALLED): pyproject.toml constraints.txt
@@ -31,8 +32,13 @@ $(JARS): jars/pom.xml $(INSTALLED)
 # Delta's log store for local disk with a listing that does not grow with the log's folder
 # (jars/logstore): built into the jar cache, so the refresh above removes it and this
 # builds it again.
-$(LOGSTORE): $(JARS) $(wildcard jars/logstore/src/lakehouse/*.java)
-	scripts/build-logstore.sh .cache/jars $(BIN)/python
+$(LOGSTORE): $(JARS) $(wildcard jars/logstore/src/lakehouse/*.java) scripts/build-jar.sh
+	scripts/build-jar.sh logstore .cache/jars $(BIN)/python
+
+# Silver's record reader (jars/validation): one pass over a record for what validation
+# needs of it, with Spark's own parser and conversions. Built like the log store.
+$(VALIDATION): $(JARS) $(wildcard jars/validation/src/lakehouse/*.java) scripts/build-jar.sh
+	scripts/build-jar.sh validation .cache/jars $(BIN)/python
 
 # The Kafka broker of `lakehouse services start kafka`, in a folder of the jar cache: the
 # Spark jars' refresh above empties the cache, and this follows it.
@@ -50,7 +56,7 @@ $(S3SERVER): scripts/s3-server-requirements.txt scripts/s3-server-constraints.tx
 # The Spark driver's class-data archive (spark_jobs/class_archive.py): a cold Spark command
 # takes about a fifth less time. Built again whenever the venv, the jars or the JDK change.
 JAVA_BINARY := $(realpath $(shell command -v java))
-$(CLASSES): $(INSTALLED) $(JARS) $(LOGSTORE) $(JAVA_BINARY)
+$(CLASSES): $(INSTALLED) $(JARS) $(LOGSTORE) $(VALIDATION) $(JAVA_BINARY)
 	$(BIN)/python -m spark_jobs.class_archive
 
 # The data quality report is tested in a real headless browser: Debian's chromium.

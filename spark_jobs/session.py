@@ -23,6 +23,11 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         raise ConfigError(
             f"no Delta jars in {settings.jars_dir}: run 'make setup' once in the checkout (it "
             f"caches them), or set jars_dir (LAKEHOUSE_JARS_DIR) to a folder holding them")
+    if not any(jar.name == VALIDATION_JAR for jar in jars):
+        raise ConfigError(
+            f"no {VALIDATION_JAR} in {settings.jars_dir} (silver's record reader, "
+            f"jars/validation): run 'make setup' once in the checkout, or build it into that "
+            f"folder with scripts/build-jar.sh validation {settings.jars_dir} PYTHON")
     return {
         "spark.jars": ",".join(str(jar) for jar in jars),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -71,6 +76,8 @@ def _master_on_loopback(settings: Settings) -> bool:
 
 
 LOG_STORE_JAR = "lakehouse-logstore.jar"
+# Silver's validation reads each record with a function of its own (jars/validation).
+VALIDATION_JAR = "lakehouse-validation.jar"
 
 
 def _log_store(jars: list[Path]) -> dict[str, str]:

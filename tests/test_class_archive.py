@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from spark_jobs import class_archive, config
-from spark_jobs.session import spark_conf
+from spark_jobs.session import VALIDATION_JAR, spark_conf
 from tests.conftest import cli_env
 
 DRIVER, EXECUTOR = "spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"
@@ -14,7 +14,8 @@ DRIVER, EXECUTOR = "spark.driver.extraJavaOptions", "spark.executor.extraJavaOpt
 def test_only_the_driver_maps_the_archive_and_only_once_it_is_built(tmp_path) -> None:
     jars = tmp_path / "jars"
     jars.mkdir()
-    (jars / "delta-spark.jar").write_bytes(b"")
+    for name in ("delta-spark.jar", VALIDATION_JAR):
+        (jars / name).write_bytes(b"")
     settings = config.load({"root": tmp_path / "lake", "jars_dir": jars}, environ={})
     conf = spark_conf(settings)
     # Not built yet: the configured options alone (a missing archive would also turn off

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from py4j.protocol import Py4JJavaError
 
-from spark_jobs.session import LOG_STORE_JAR, spark_conf
+from spark_jobs.config import ConfigError
+from spark_jobs.session import LOG_STORE_JAR, VALIDATION_JAR, spark_conf
 from tests.conftest import make_settings
 
 
@@ -77,6 +78,11 @@ def test_spark_uses_it_for_local_paths_when_make_setup_built_it(spark, tmp_path)
     jars = tmp_path / "jars"
     jars.mkdir()
     (jars / "delta-spark.jar").write_bytes(b"")
+    # Silver's record reader is no option: a folder without it is refused, saying how to
+    # build it, before a JVM starts.
+    with pytest.raises(ConfigError, match="scripts/build-jar.sh validation"):
+        spark_conf(make_settings(tmp_path / "lake", jars_dir=jars))
+    (jars / VALIDATION_JAR).write_bytes(b"")
     conf = spark_conf(make_settings(tmp_path / "lake", jars_dir=jars))
     assert "spark.delta.logStore.file.impl" not in conf
     (jars / LOG_STORE_JAR).write_bytes(b"")

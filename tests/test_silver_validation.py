@@ -168,3 +168,78 @@ def test_a_purchase_without_a_price_is_allowed_only_when_configured(spark) -> No
         assert verdict(spark, bad, lenient).reason == reasons.BAD_PRICE
     assert verdict(spark, event(event_type="purchase", price="9.99"), lenient).price == \
         Decimal("9.99")
+
+
+# Records whose values take every path of the record reader (jars/validation): each JSON
+# kind, numbers that Spark's parser keeps as a long, a decimal or a double (an exponent, an
+# integer past a long, past 38 digits), an escaped lone surrogate, a key twice, JSON that
+# is not an object, text that is not JSON.
+READER_EDGES = [
+    event(),
+    event(event_time=1763806530123, price=12.5, event_type="purchase"),
+    event(event_time=1.7638065301239e12, price=1e2),
+    event(event_time=-0.0, price=-0),
+    event(event_time=12345678901234567890, price=0.000001),
+    event(price="1e999"),
+    # As producers write them (json.dumps would respell these numbers).
+    '{"event_id": "e", "event_time": 1.7638065301239E12, "price": 1.50, "page_id": 2.5e-3}',
+    '{"event_id": "e", "event_time": 1e999, "price": 123456789012345678901234567890123456789.5}',
+    '{"event_id": "e", "price": 99999999999999999999999999999.999999995, "user_id": -0}',
+    event(user_id=123, page_id=1.50, ad_type=True, ip_address=None),
+    event(user_id={"nested": [1, {"a": None}]}, page_id=[], ad_type={}),
+    event(event_id="\\ud800", ad_id="caf\u00e9 \u2603"),
+    '{"event_id": "e\\ud800x", "ad_id": "\\u00e9\\n\\"q\\""}',
+    '{"event_id": "a", "event_id": "b"}',
+    '{"event_id": "e-1", "extra": 1}',
+    "{}", "[]", "null", "42", '"text"', "not json", '{"a": ', "",
+]
+
+
+def test_the_record_reader_answers_as_spark_built_in_expressions(spark) -> None:
+    """RecordFacts is Spark's parser and conversions, read in one pass: the same answers as
+    try_parse_json, schema_of_variant and try_variant_get give for every edge record."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.silver import validation
+
+    rows = bronze_frame(spark, READER_EDGES).select(
+        "raw", validation._record_facts(spark).alias("facts"),
+        F.try_parse_json("raw").alias("json"))
+    fields = F.try_variant_get("json", "$", "map<string,variant>")
+    expected = rows.select(
+        "raw",
+        F.col("json").isNotNull().alias("is_json"), F.size(fields).alias("fields"),
+        sum((fields[name].isNotNull().cast("int") for name in validation.CONTRACT_FIELDS),
+            F.lit(0)).alias("contract_fields"),
+        *[column for name in validation.CONTRACT_FIELDS for column in (
+            F.schema_of_variant(fields[name]).alias(f"kind_{name}"),
+            F.try_variant_get(fields[name], "$", "string").alias(f"text_{name}"))],
+        F.try_variant_get(fields["event_time"], "$", "double").alias("event_time_number"),
+        F.try_variant_get(fields["price"], "$", "decimal(38,8)").alias("price_number"))
+    answered = {row.raw: row.facts.asDict() for row in rows.collect()}
+    numbers = ("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT")
+    wanted = expected.collect()
+    # The edges hold numbers of each kind Spark's parser keeps.
+    spark_kinds = {row[f"kind_{name}"] for row in wanted
+                   for name in validation.CONTRACT_FIELDS} - {None}
+    assert {"BIGINT", "DOUBLE"} <= spark_kinds, spark_kinds
+    assert any(kind.startswith("DECIMAL") for kind in spark_kinds), spark_kinds
+    for want in wanted:
+        got, want = answered[want.raw], want.asDict()
+        raw = want.pop("raw")
+        if want["fields"] is None or want["fields"] < 0:  # not an object: no fields at all
+            want = {name: None for name in want} | {"is_json": want["is_json"]}
+        for name in validation.CONTRACT_FIELDS:
+            kind = want[f"kind_{name}"]
+            if kind is not None and (kind in numbers or kind.startswith("DECIMAL")):
+                want[f"kind_{name}"] = "NUMBER"
+            elif kind is not None and kind.startswith(("OBJECT", "ARRAY")):
+                want[f"kind_{name}"] = kind.split("<")[0]
+        for name in ("event_time", "price"):
+            if want[f"kind_{name}"] != "NUMBER":  # read as numbers only where they are
+                want[f"{name}_number"] = None
+        assert got == want, raw
+    kinds = {facts[f"kind_{name}"] for facts in answered.values()
+             for name in validation.CONTRACT_FIELDS}
+    assert kinds == {None, "STRING", "NUMBER", "VOID", "BOOLEAN", "OBJECT", "ARRAY"}
+    assert {facts["is_json"] for facts in answered.values()} == {True, False}
