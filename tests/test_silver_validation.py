@@ -190,7 +190,8 @@ READER_EDGES = [
     event(event_id="\\ud800", ad_id="caf\u00e9 \u2603"),
     '{"event_id": "e\\ud800x", "ad_id": "\\u00e9\\n\\"q\\""}',
     '{"event_id": "a", "event_id": "b"}',
-    '{"event_id": "e-1", "extra": 1}',
+    '{"event_id": "e-1", "zeta": {"b": [1.50, null, "\\u00e9\\t"], "a": true}, "extra": 1e3}',
+    '{"user_id": "u", "\\"odd\\nkey\\u0001/é": "x", "": null, "event_idx": []}',
     "{}", "[]", "null", "42", '"text"', "not json", '{"a": ', "",
 ]
 
@@ -206,6 +207,8 @@ def test_the_record_reader_answers_as_spark_built_in_expressions(spark) -> None:
         "raw", validation._record_facts(spark).alias("facts"),
         F.try_parse_json("raw").alias("json"))
     fields = F.try_variant_get("json", "$", "map<string,variant>")
+    known = F.array(*[F.lit(name) for name in validation.CONTRACT_FIELDS])
+    contract = F.map_filter(fields, lambda key, _: F.array_contains(known, key))
     expected = rows.select(
         "raw",
         F.col("json").isNotNull().alias("is_json"), F.size(fields).alias("fields"),
@@ -215,7 +218,9 @@ def test_the_record_reader_answers_as_spark_built_in_expressions(spark) -> None:
             F.schema_of_variant(fields[name]).alias(f"kind_{name}"),
             F.try_variant_get(fields[name], "$", "string").alias(f"text_{name}"))],
         F.try_variant_get(fields["event_time"], "$", "double").alias("event_time_number"),
-        F.try_variant_get(fields["price"], "$", "decimal(38,8)").alias("price_number"))
+        F.try_variant_get(fields["price"], "$", "decimal(38,8)").alias("price_number"),
+        F.when(F.size(fields) > F.size(contract), F.to_json(F.map_filter(
+            fields, lambda key, _: ~F.array_contains(known, key)))).alias("unknown_fields"))
     answered = {row.raw: row.facts.asDict() for row in rows.collect()}
     numbers = ("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT")
     wanted = expected.collect()

@@ -1,6 +1,15 @@
 package lakehouse;
 
+import java.io.IOException;
+import java.io.StringWriter;
+import java.io.UncheckedIOException;
 import java.time.ZoneOffset;
+import java.util.Arrays;
+import java.util.HashSet;
+import java.util.Set;
+
+import com.fasterxml.jackson.core.JsonFactory;
+import com.fasterxml.jackson.core.JsonGenerator;
 
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
@@ -20,7 +29,8 @@ import scala.Option;
 /**
  * What silver's validation needs to know of one bronze record, read in one pass: whether it
  * is JSON, whether an object and of how many fields, and per contract field its JSON kind
- * and its text (spark_jobs/silver/validation.py, which declares the struct returned).
+ * and its text, and the fields the contract does not name as JSON text
+ * (spark_jobs/silver/validation.py, which declares the struct returned).
  *
  * <p>The answers are Spark's own, computed with Spark's own code: the record is parsed as
  * {@code try_parse_json} parses it ({@code VariantBuilder}, the session's settings for
@@ -28,7 +38,10 @@ import scala.Option;
  * {@code try_variant_get} converts it ({@code VariantGet.cast}). What this saves is the way
  * there: built-in expressions take each field out of a map of variants and then build a
  * literal, a cast and a configuration for every scalar (a fifth to a quarter of silver's
- * validation, profiled); here a string is read straight from the variant.
+ * validation, profiled); here a string is read straight from the variant. And the fields
+ * the contract does not name come out as {@code to_json(map_filter(...))} writes them, with
+ * the same JSON generator, where a higher-order function kept Spark from compiling the
+ * whole validation into one method (a third of its time).
  */
 public final class RecordFacts implements UDF1<String, Row> {
 
@@ -37,6 +50,8 @@ public final class RecordFacts implements UDF1<String, Row> {
         "page_id", "ad_type", "ip_address", "price"};
     static final int EVENT_TIME = 1;
     static final int PRICE = 8;
+    private static final Set<String> CONTRACT = new HashSet<>(Arrays.asList(FIELDS));
+    private static final JsonFactory JSON = new JsonFactory();
 
     static final String NUMBER = "NUMBER";
     static final String JSON_NULL = "VOID";  // schema_of_variant's name for it
@@ -57,7 +72,7 @@ public final class RecordFacts implements UDF1<String, Row> {
 
     @Override
     public Row call(String raw) {
-        Object[] facts = new Object[3 + 2 * FIELDS.length + 2];
+        Object[] facts = new Object[3 + 2 * FIELDS.length + 3];
         Variant record = parse(raw);
         facts[0] = record != null;
         if (record == null || record.getType() != VariantUtil.Type.OBJECT) {
@@ -86,7 +101,33 @@ public final class RecordFacts implements UDF1<String, Row> {
             }
         }
         facts[2] = known;
+        if (record.objectSize() > known) {
+            facts[5 + 2 * FIELDS.length] = unknownFields(record);
+        }
         return RowFactory.create(facts);
+    }
+
+    /**
+     * The fields of {@code record} the contract does not name, as {@code to_json} writes a
+     * {@code map<string,variant>} of them: in the variant's order of keys, each value's JSON
+     * as the variant writes it.
+     */
+    private static String unknownFields(Variant record) {
+        StringWriter text = new StringWriter();
+        try (JsonGenerator json = JSON.createGenerator(text)) {
+            json.writeStartObject();
+            for (int i = 0; i < record.objectSize(); i++) {
+                Variant.ObjectField field = record.getFieldAtIndex(i);
+                if (!CONTRACT.contains(field.key)) {
+                    json.writeFieldName(field.key);
+                    json.writeRawValue(field.value.toJson(ZoneOffset.UTC));
+                }
+            }
+            json.writeEndObject();
+        } catch (IOException cannotHappen) {  // a StringWriter does not fail
+            throw new UncheckedIOException(cannotHappen);
+        }
+        return text.toString();
     }
 
     /** The record as {@code try_parse_json} reads it, or null where that gives NULL. */
