@@ -17,8 +17,8 @@ ROOT      ?= data
 
 .PHONY: setup test lint run run-once bench chaos clean
 
-setup: $(INSTALLED) $(JARS) $(LOGSTORE) $(VALIDATION) $(BROKER) $(CLASSES) $(BROWSER) $(POSTGRES) $(COMPOSE) \
-	$(S3SERVER)
+setup: $(INSTALLED) $(JARS) $(LOGSTORE) $(VALIDATION) $(BROKER) $(CLASSES) $(BROWSER) \
+	$(POSTGRES) $(COMPOSE) $(S3SERVER)
 
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,16 +29,14 @@ $(INSTALLED): pyproject.toml constraints.txt
 $(JARS): jars/pom.xml $(INSTALLED)
 	scripts/fetch-jars.sh jars/pom.xml .cache/jars $(BIN)/python
 
-# Delta's log store for local disk with a listing that does not grow with the log's folder
-# (jars/logstore): built into the jar cache, so the refresh above removes it and this
-# builds it again.
-$(LOGSTORE): $(JARS) $(wildcard jars/logstore/src/lakehouse/*.java) scripts/build-jar.sh
-	scripts/build-jar.sh logstore .cache/jars $(BIN)/python
-
-# Silver's record reader (jars/validation): one pass over a record for what validation
-# needs of it, with Spark's own parser and conversions. Built like the log store.
-$(VALIDATION): $(JARS) $(wildcard jars/validation/src/lakehouse/*.java) scripts/build-jar.sh
-	scripts/build-jar.sh validation .cache/jars $(BIN)/python
+# The project's Java, each folder of jars/ with a src/ into lakehouse-<folder>.jar: Delta's
+# log store for local disk with a listing that does not grow with the log's folder
+# (jars/logstore) and silver's record reader (jars/validation). Built into the jar cache,
+# so the refresh above removes them and this builds them again.
+.SECONDEXPANSION:
+.cache/jars/lakehouse-%.jar: $(JARS) $$(wildcard jars/$$*/src/lakehouse/*.java) \
+		scripts/build-jar.sh
+	scripts/build-jar.sh $* .cache/jars $(BIN)/python
 
 # The Kafka broker of `lakehouse services start kafka`, in a folder of the jar cache: the
 # Spark jars' refresh above empties the cache, and this follows it.
