@@ -193,6 +193,15 @@ READER_EDGES = [
     '{"event_id": "e-1", "zeta": {"b": [1.50, null, "\\u00e9\\t"], "a": true}, "extra": 1e3}',
     '{"user_id": "u", "\\"odd\\nkey\\u0001/é": "x", "": null, "event_idx": []}',
     "{}", "[]", "null", "42", '"text"', "not json", '{"a": ', "",
+    # Records the reader answers from the parser's tokens alone (contract fields, each a
+    # string or null, or an integer event_time), and records that only look like them.
+    '{"event_id": "e", "event_time": 1763806530123, "ad_id": "a", "user_id": null}',
+    ' \t{"event_id" : "e\\u00e9", "event_time": -5, "price": null}  ',
+    '{"event_id": "e", "event_time": 9223372036854775807}',
+    '{"event_id": "e", "event_time": 9223372036854775808}',
+    '{"event_id": "e", "event_time": 0} {"trailing": 1}',
+    '{"event_id": "e", "event_time": 01}', '{"event_id": "e",}', '{"event_id": "e"',
+    '{"ad_id": "x", "ad_id": "x"}', '{"event_id": "e", "price": 5}',
 ]
 
 
