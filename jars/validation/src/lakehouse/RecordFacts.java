@@ -4,9 +4,9 @@ import java.io.IOException;
 import java.io.StringWriter;
 import java.io.UncheckedIOException;
 import java.time.ZoneOffset;
-import java.util.Arrays;
-import java.util.HashSet;
-import java.util.Set;
+import java.util.EnumSet;
+import java.util.HashMap;
+import java.util.Map;
 
 import com.fasterxml.jackson.core.JsonFactory;
 import com.fasterxml.jackson.core.JsonGenerator;
@@ -59,7 +59,13 @@ public final class RecordFacts implements UDF1<String, Row> {
         "page_id", "ad_type", "ip_address", "price"};
     static final int EVENT_TIME = 1;
     static final int PRICE = 8;
-    private static final Set<String> CONTRACT = new HashSet<>(Arrays.asList(FIELDS));
+    /** Each contract field's place in {@link #FIELDS}. */
+    private static final Map<String, Integer> FIELD_INDEX = new HashMap<>();
+    static {
+        for (int i = 0; i < FIELDS.length; i++) {
+            FIELD_INDEX.put(FIELDS[i], i);
+        }
+    }
     private static final JsonFactory JSON = new JsonFactory();
 
     static final String STRING = "STRING";
@@ -71,9 +77,20 @@ public final class RecordFacts implements UDF1<String, Row> {
     /** The struct's width: is_json, fields, known; kind and text per field; then
      * event_time_number, price_number and unknown_fields. */
     private static final int FACTS = 3 + 2 * FIELDS.length + 3;
+    private static final int EVENT_TIME_NUMBER = 3 + 2 * FIELDS.length;
+    private static final int PRICE_NUMBER = EVENT_TIME_NUMBER + 1;
+    private static final int UNKNOWN_FIELDS = EVENT_TIME_NUMBER + 2;
+
+    /** Where field {@code i}'s kind is in the struct; its text is just after. */
+    private static int kindAt(int i) {
+        return 3 + 2 * i;
+    }
 
     /** A record longer than this takes the variant's way, which knows its size limits. */
     private static final int PLAIN_AT_MOST = 1 << 20;
+
+    private static final EnumSet<JsonParser.NumberType> WITHIN_A_LONG =
+        EnumSet.of(JsonParser.NumberType.INT, JsonParser.NumberType.LONG);
 
     private final boolean allowDuplicateKeys;
     private final boolean validateUnicode;
@@ -108,22 +125,22 @@ public final class RecordFacts implements UDF1<String, Row> {
             }
             known++;
             VariantUtil.Type type = value.getType();
-            facts[3 + 2 * i] = kindOf(type);
-            facts[4 + 2 * i] = type == VariantUtil.Type.STRING ? value.getString()
+            facts[kindAt(i)] = kindOf(type);
+            facts[kindAt(i) + 1] = type == VariantUtil.Type.STRING ? value.getString()
                 : text(cast(value, DataTypes.StringType));
             boolean number = isNumber(type);
             if (number && i == EVENT_TIME) {
-                facts[3 + 2 * FIELDS.length] = type == VariantUtil.Type.LONG
+                facts[EVENT_TIME_NUMBER] = type == VariantUtil.Type.LONG
                     ? (Object) (double) value.getLong() : cast(value, DataTypes.DoubleType);
             } else if (number && i == PRICE) {
                 Object price = cast(value, PRICE_TYPE);
-                facts[4 + 2 * FIELDS.length] =
+                facts[PRICE_NUMBER] =
                     price == null ? null : ((Decimal) price).toJavaBigDecimal();
             }
         }
         facts[2] = known;
         if (record.objectSize() > known) {
-            facts[5 + 2 * FIELDS.length] = unknownFields(record);
+            facts[UNKNOWN_FIELDS] = unknownFields(record);
         }
         return RowFactory.create(facts);
     }
@@ -150,55 +167,44 @@ public final class RecordFacts implements UDF1<String, Row> {
                 return null;
             }
             int seen = 0;  // a bit per contract field
-            int known = 0;
             for (JsonToken key = parser.nextToken(); key != JsonToken.END_OBJECT;
                  key = parser.nextToken()) {
                 if (key != JsonToken.FIELD_NAME) {
                     return null;
                 }
-                int field = fieldIndex(parser.currentName());
-                if (field < 0 || (seen & (1 << field)) != 0) {
+                Integer index = FIELD_INDEX.get(parser.currentName());
+                if (index == null || (seen & (1 << index)) != 0) {
                     return null;
                 }
+                int field = index;
                 seen |= 1 << field;
-                known++;
                 JsonToken value = parser.nextToken();
                 if (value == JsonToken.VALUE_STRING) {
                     String text = parser.getText();
                     if (hasSurrogate(text)) {
                         return null;
                     }
-                    facts[3 + 2 * field] = STRING;
-                    facts[4 + 2 * field] = text;
+                    facts[kindAt(field)] = STRING;
+                    facts[kindAt(field) + 1] = text;
                 } else if (value == JsonToken.VALUE_NULL) {
-                    facts[3 + 2 * field] = JSON_NULL;
+                    facts[kindAt(field)] = JSON_NULL;
                 } else if (value == JsonToken.VALUE_NUMBER_INT && field == EVENT_TIME
-                           && (parser.getNumberType() == JsonParser.NumberType.INT
-                               || parser.getNumberType() == JsonParser.NumberType.LONG)) {
+                           && WITHIN_A_LONG.contains(parser.getNumberType())) {
                     long millis = parser.getLongValue();
-                    facts[3 + 2 * field] = NUMBER;
-                    facts[4 + 2 * field] = Long.toString(millis);
-                    facts[3 + 2 * FIELDS.length] = (double) millis;
+                    facts[kindAt(field)] = NUMBER;
+                    facts[kindAt(field) + 1] = Long.toString(millis);
+                    facts[EVENT_TIME_NUMBER] = (double) millis;
                 } else {
                     return null;
                 }
             }
             facts[0] = true;
-            facts[1] = known;
-            facts[2] = known;
+            facts[1] = Integer.bitCount(seen);  // every key a contract field, each once
+            facts[2] = facts[1];
             return facts;
         } catch (IOException | RuntimeException notPlain) {  // the variant's way says why
             return null;
         }
-    }
-
-    private static int fieldIndex(String key) {
-        for (int i = 0; i < FIELDS.length; i++) {
-            if (FIELDS[i].equals(key)) {
-                return i;
-            }
-        }
-        return -1;
     }
 
     private static boolean hasSurrogate(String text) {
@@ -221,7 +227,7 @@ public final class RecordFacts implements UDF1<String, Row> {
             json.writeStartObject();
             for (int i = 0; i < record.objectSize(); i++) {
                 Variant.ObjectField field = record.getFieldAtIndex(i);
-                if (!CONTRACT.contains(field.key)) {
+                if (!FIELD_INDEX.containsKey(field.key)) {
                     json.writeFieldName(field.key);
                     json.writeRawValue(field.value.toJson(ZoneOffset.UTC));
                 }
