@@ -123,13 +123,12 @@ TABLES: dict[str, Table] = _by_name(
                 "most attribution_max_gap (1 hour by default) before it",
           zorder_by=("ad_id", "click_time"),
           stream="gold_ad_attribution", windowed=True, suite=True),
-    # Not started by the stream runner yet (no stream): the module's stream and batch
-    # recomputation are tested on their own; the runner, the reprocess and a suite come next.
     Table(name="gold.user_sessions", kind="data",
           grain="one row per user session: a user's events at most session_gap (30 "
                 "minutes by default) apart in event time, open until the watermark reaches "
                 "its last event plus the gap",
-          zorder_by=("user_id", "session_start")),
+          zorder_by=("user_id", "session_start"),
+          stream="gold_user_sessions", windowed=True, suite=True),
     Table(name="ops.alerts", kind="ops",
           grain="one row per click-fraud alert: an ip_address with more than "
                 "alert_clicks_per_minute distinct valid clicks in one minute of event time, "
@@ -147,8 +146,8 @@ TABLES: dict[str, Table] = _by_name(
     Table(name="ops.stream_progress", kind="ops",
           grain="one row per micro-batch of every stream: input records (bronze counts "
                 "lines, not the files it reads whole; a join counts silver once, not once "
-                "per side), rates in records per second, duration, watermark, state rows, the "
-                "Delta source version read up to"),
+                "per side), rates in records per second, duration, watermark, state rows, "
+                "timers fired, events counted late, the Delta source version read up to"),
     Table(name="quality.results", kind="ops",
           grain="one row per expectation evaluated in a validation run: suite, severity, "
                 "outcome, unexpected count, observed sample, dates, Data Docs page"),

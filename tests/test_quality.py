@@ -19,7 +19,7 @@ from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import ConfigError, interval_seconds
 from spark_jobs.datasets import TABLES
 from spark_jobs.generator import GenerateRequest, Mess, generate
-from spark_jobs.gold import ad_attribution, campaign_stats, watermark
+from spark_jobs.gold import ad_attribution, campaign_stats, user_sessions, watermark
 from spark_jobs.ops import late_data, stream_progress
 from spark_jobs.quality import plots, report, results, suites
 from spark_jobs.quality.validate import gold_cut, validate
@@ -50,7 +50,7 @@ def test_every_table_has_a_suite_with_its_grain_and_severities(settings) -> None
     # The registry's validated tables, in its (pipeline) order.
     assert suites.available(settings) == ["bronze.ad_events", "silver.ad_events",
                                           "silver.quarantine", "gold.campaign_stats",
-                                          "gold.ad_attribution"]
+                                          "gold.ad_attribution", "gold.user_sessions"]
     for table in suites.available(settings):
         suite = suites.load(settings, table, values=gold_cut(settings).values(settings))
         # The grain is the table's own, from the registry.
@@ -220,6 +220,10 @@ def break_the_data(spark, settings) -> None:
     _append(spark, settings, ad_attribution.TABLE, read(ad_attribution.TABLE).limit(1)
             .withColumn("click_event_id", F.lit("injected-click"))
             .withColumn("view_time", F.col("click_time") + F.expr("INTERVAL 5 MINUTES")))
+    # Sessions: one written twice, and one split in two a second after its start.
+    session = read(user_sessions.TABLE).orderBy("user_id", "session_start").limit(1)
+    _append(spark, settings, user_sessions.TABLE, session.unionByName(session.withColumn(
+        "session_start", F.col("session_start") + F.expr("INTERVAL 1 SECOND"))))
 
 
 # What break_the_data must trip, and nothing else.
@@ -232,6 +236,8 @@ EXPECTED_CRITICAL = {
     ("gold.campaign_stats", "Closed windows reconcile with silver: events in silver = events "
                             "counted in gold + late events not yet repaired"),
     ("gold.ad_attribution", "The view comes before the click, within 1 hour"),
+    ("gold.user_sessions", "user_id, session_start: together to be unique"),
+    ("gold.user_sessions", "One user's sessions are more than 30 minutes apart"),
 }
 EXPECTED_WARNING = {
     ("silver.quarantine", "Under 10% of the records received in any hour are quarantined"),

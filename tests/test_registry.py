@@ -67,7 +67,7 @@ def test_streams_are_started_shown_and_reset_as_the_registry_says() -> None:
     # Each stream is started by the module of the table named after it, under that name.
     assert registry.query_names() == ("bronze_ad_events", "silver_ad_events",
                                       "silver_ad_campaigns", "gold_campaign_stats",
-                                      "gold_ad_attribution", "ops_alerts")
+                                      "gold_ad_attribution", "gold_user_sessions", "ops_alerts")
     started = [importlib.import_module(module) for modules in streaming.LAYERS.values()
                for module in modules]
     assert [module.QUERY_NAME for module in started] == list(registry.query_names())
@@ -84,7 +84,8 @@ def test_streams_are_started_shown_and_reset_as_the_registry_says() -> None:
     # A reset of a layer empties what its streams write (and gold's record of rebuilds).
     assert {layer: [t.name for t in tables] for layer, tables in reset.TABLES.items()} == {
         "silver": ["silver.ad_events", "silver.quarantine", "silver.ad_campaigns"],
-        "gold": ["gold.campaign_stats", "gold.ad_attribution", "ops.gold_rebuilds"],
+        "gold": ["gold.campaign_stats", "gold.ad_attribution", "gold.user_sessions",
+                 "ops.gold_rebuilds"],
         "ops": ["ops.alerts"]}
 
 
@@ -93,13 +94,16 @@ def test_the_dags_assets_and_the_gold_rebuild_follow_the_registry() -> None:
     # silver, nor the campaign mapping, reference data); a reprocess rebuilds silver's and
     # gold's, the same ones whose update starts a validation.
     assert registry.published() == ("bronze.ad_events", "silver.ad_events",
-                                    "gold.campaign_stats", "gold.ad_attribution")
+                                    "gold.campaign_stats", "gold.ad_attribution",
+                                    "gold.user_sessions")
     assert registry.published(registry.REPROCESSED_LAYERS) == (
-        "silver.ad_events", "gold.campaign_stats", "gold.ad_attribution")
+        "silver.ad_events", "gold.campaign_stats", "gold.ad_attribution",
+        "gold.user_sessions")
     # Every gold table rebuilds itself, with the one signature the reprocess calls.
     rebuilt = reprocess._gold_tables()
     assert [module.TABLE.name for module in rebuilt] == ["gold.campaign_stats",
-                                                        "gold.ad_attribution"]
+                                                        "gold.ad_attribution",
+                                                        "gold.user_sessions"]
     assert {tuple(inspect.signature(module.rebuild).parameters) for module in rebuilt} == {
         ("spark", "settings", "events", "days", "dry_run", "before_write")}
 

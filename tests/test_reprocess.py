@@ -16,7 +16,7 @@ from spark_jobs import reasons, streaming
 from spark_jobs.audit import account
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.dates import DateRange, DateRangeError
-from spark_jobs.gold import ad_attribution, campaign_stats
+from spark_jobs.gold import ad_attribution, campaign_stats, user_sessions
 from spark_jobs.ops import gold_rebuilds, late_data
 from spark_jobs.range_rebuild import content_digest
 from spark_jobs.reprocess import (
@@ -99,7 +99,7 @@ def checksum(spark, settings, spec) -> str:
 
 
 TABLES = (silver.TABLE, quarantine.TABLE, campaign_stats.TABLE, ad_attribution.TABLE,
-          late_data.TABLE, gold_rebuilds.TABLE)
+          user_sessions.TABLE, late_data.TABLE, gold_rebuilds.TABLE)
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +121,10 @@ def streamed(spark, tmp_path_factory):
 
 def test_streaming_left_a_late_window_and_a_quarantined_naive_time(spark, streamed) -> None:
     ledger = table(spark, streamed, late_data.TABLE).collect()
-    # "late" (08:30 on day 2) came after the watermark had reached 11:50 on day 3.
-    assert [(r.event_date, r.late_rows, r.repaired_at) for r in ledger] == [(DAY_2, 1, None)]
+    # "late" (08:30 on day 2) came after the watermark had reached 11:50 on day 3: late for
+    # the windows and for the sessions alike.
+    assert sorted((r.layer, r.event_date, r.late_rows, r.repaired_at) for r in ledger) == [
+        ("gold.campaign_stats", DAY_2, 1, None), ("gold.user_sessions", DAY_2, 1, None)]
     reasons_held = Counter(r.reason for r in table(spark, streamed, quarantine.TABLE).collect())
     # One naive time, and one broken line in each of the three files.
     assert reasons_held == {reasons.BAD_EVENT_TIME: 1, reasons.MALFORMED_JSON: 3}

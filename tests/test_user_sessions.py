@@ -5,14 +5,15 @@ import random
 import signal
 import subprocess
 import sys
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 
 from pyspark.sql import functions as F
 
+from spark_jobs.dates import DateRange
 from spark_jobs.gold import user_sessions
 from spark_jobs.gold.user_sessions import CLOSED, OPEN, Session, absorb
-from spark_jobs.ops import late_data
+from spark_jobs.ops import late_data, stream_progress
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
 from tests.conftest import cli_env
@@ -214,6 +215,11 @@ def assert_the_stream_equals_the_batch(spark, settings, batches: list[list[tuple
     return streamed
 
 
+def overlaps(row: dict, other: dict) -> bool:
+    return (row["user_id"] == other["user_id"] and row["session_start"] <= other["session_end"]
+            and row["session_end"] >= other["session_start"])
+
+
 def test_the_stream_equals_the_batch_recomputation_over_many_micro_batches(
         spark, settings) -> None:
     batches = corpus(seed=3, batches=8)
@@ -224,7 +230,38 @@ def test_the_stream_equals_the_batch_recomputation_over_many_micro_batches(
     query.awaitTermination()
     assert query.exception() is None
     assert len(query.recentProgress) >= len(batches)
-    assert_the_stream_equals_the_batch(spark, settings, batches, campaigns)
+    streamed = assert_the_stream_equals_the_batch(spark, settings, batches, campaigns)
+    # Its progress rows, as the runner records them, carry the state, the timers fired and
+    # the late events: every closed session was closed by a timer (one each, or fewer if
+    # one closed two), every late event is counted once.
+    stream_progress.ProgressRecorder().flush(spark, settings, [query])
+    progress = spark.read.format("delta").load(stream_progress.TABLE.path(settings)).agg(
+        F.sum("timers_fired"), F.sum("late_rows"), F.max("state_rows")).first()
+    closed = sum(row["status"] == CLOSED for row in streamed.values())
+    late, _ = late_by_spark_s_watermark(batches, timedelta(minutes=10))
+    assert 0 < progress[0] <= closed and progress[1] == len(late) and progress[2] > 0
+
+    # The stream's last MERGE carries the watermark it closed sessions under: the one
+    # after every batch (Spark's batch without data fires the last timers).
+    _, watermark = late_by_spark_s_watermark(batches, timedelta(minutes=10))
+    assert user_sessions.closed_watermark(settings) == watermark
+    # A reprocess of the day adds the late events to the closed sessions: they are the
+    # batch recomputation's over every event. Open sessions stay the stream's, and so does a
+    # closed one that late events join to an open one (which cases
+    # test_what_a_rebuild_writes_replaces_and_leaves shows one by one).
+    everything = spark.read.format("delta").load(silver.TABLE.path(settings))
+    with_late = [r.asDict() for r in user_sessions.user_sessions(
+        everything, campaigns, settings.session_gap, watermark).collect()]
+    expected = {(r["user_id"], r["session_start"]): r for r in with_late
+                if r["status"] == CLOSED}
+    expected |= {key: row for key, row in streamed.items() if row["status"] == OPEN or any(
+        overlaps(row, r) for r in with_late if r["status"] == OPEN)}
+    day = DateRange(date(2026, 11, 22), date(2026, 11, 22))
+    assert user_sessions.rebuild(spark, settings, everything, day, False, lambda: None).written
+    assert sessions_table(spark, settings) == expected
+    # Once rebuilt, the same rebuild writes nothing.
+    again = user_sessions.rebuild(spark, settings, everything, day, False, lambda: None)
+    assert (again.written, again.note) == (False, "unchanged")
 
 
 def test_a_batch_failing_after_its_ledger_or_its_merge_replays_to_the_same_result(
@@ -280,6 +317,7 @@ def test_a_batch_failing_after_its_ledger_or_its_merge_replays_to_the_same_resul
 DRIVER = """
 import sys
 from spark_jobs import config
+from spark_jobs.dates import DateRange
 from spark_jobs.gold import user_sessions
 from spark_jobs.session import build_spark
 
@@ -306,3 +344,65 @@ def test_a_driver_killed_inside_a_merge_resumes_to_the_same_result(spark, settin
     # checkpoint and tables the killed one left (a JVM start less).
     user_sessions.start(spark, settings, {"availableNow": True}).awaitTermination()
     assert_the_stream_equals_the_batch(spark, settings, batches, campaigns)
+
+
+def test_what_a_rebuild_writes_replaces_and_leaves(spark) -> None:
+    # A rebuild of 22 November under the watermark 23 November 02:00; all events are views
+    # of ad-1 (campaign c-1). Each user is one case; the table holds what the stream wrote.
+    day = DateRange(date(2026, 11, 22), date(2026, 11, 22))
+    d22, d23 = (lambda h, m=0: datetime(2026, 11, 22, h, m)), (
+        lambda h, m=0: datetime(2026, 11, 23, h, m))
+    events, table = [], []
+
+    def views(user: str, *times: datetime) -> None:
+        events.extend((f"{user}-{t:%d%H%M}", t, "view", user, "ad-1", None) for t in times)
+
+    def row(user: str, start: datetime, end: datetime, n: int, status: str = CLOSED) -> None:
+        table.append((user, start, end, n, n, 0, 0, Decimal("0.00"), ["c-1"], False, status))
+
+    # u-1: a late event at 10:20 joins the stream's 10:00-10:10: replaced by three events.
+    views("u-1", d22(10), d22(10, 10), d22(10, 20))
+    row("u-1", d22(10), d22(10, 10), 2)
+    # u-2: a late 23:30 starts earlier the session the stream had from 23:50 to 00:10,
+    # across midnight: the old row goes, the whole session from 23:30 comes.
+    views("u-2", d22(23, 30), d22(23, 50), d23(0, 10))
+    row("u-2", d22(23, 50), d23(0, 10), 2)
+    # u-3: a closed session of the day whose events left silver: it goes.
+    row("u-3", d22(8), d22(8, 5), 2)
+    # u-4: the 23rd's session is not rebuilt, although silver has a late event of it.
+    views("u-4", d23(1), d23(1, 5), d23(1, 10))
+    row("u-4", d23(1), d23(1, 5), 2)
+    # u-5: late events bridge the closed 23:00-23:05 to the open 01:40-01:50: the session
+    # they make is still open, the stream's: both rows stay as they are.
+    views("u-5", d22(23), d22(23, 5), d22(23, 30), d23(0), d23(0, 30), d23(1), d23(1, 20),
+          d23(1, 40), d23(1, 50))
+    row("u-5", d22(23), d22(23, 5), 2)
+    row("u-5", d23(1, 40), d23(1, 50), 2, OPEN)
+    # u-6: silver lost the later events of an open session from 23:59: what is left of it
+    # would be closed, under the open row's key; the open row is the stream's: no write.
+    views("u-6", d22(23, 59))
+    row("u-6", d22(23, 59), d23(1, 45), 5, OPEN)
+    # u-7: active every 20 minutes since 20 November 23:50: the session reaches past the
+    # day read before (from the 21st): not whole, so it stays as the stream wrote it.
+    start = datetime(2026, 11, 20, 23, 50)
+    chain = [start + timedelta(minutes=20 * i) for i in range(76)]  # to 22 November 00:50
+    views("u-7", *chain)
+    row("u-7", start, chain[-1], len(chain) - 1)
+
+    campaigns = mapping(spark, [("ad-1", "c-1", EPOCH)])
+    current = spark.createDataFrame(table, user_sessions.SCHEMA)
+    rows, scope = user_sessions.rebuilt_sessions(silver_frame(spark, events), campaigns,
+                                                 current, "30 minutes", d23(2), day)
+    result = {(r.user_id, r.session_start): (r.events, r.status) for r in rows.collect()}
+    assert result == {
+        ("u-1", d22(10)): (3, CLOSED),
+        ("u-2", d22(23, 30)): (3, CLOSED),
+        ("u-4", d23(1)): (2, CLOSED),
+        ("u-5", d22(23)): (2, CLOSED),
+        ("u-7", start): (75, CLOSED),
+    }
+    # What the rows replace: the table's closed rows within a day of the 22nd (open ones
+    # are not in the scope, so u-5's and u-6's stay).
+    in_scope = {(r.user_id, r.session_start) for r in current.where(scope).collect()}
+    assert in_scope == {("u-1", d22(10)), ("u-2", d22(23, 50)), ("u-3", d22(8)),
+                        ("u-4", d23(1)), ("u-5", d22(23)), ("u-7", start)}

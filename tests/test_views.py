@@ -32,7 +32,7 @@ def batch(stream: str, batch_id: int, seconds_ago: float, **values: Any) -> dict
             "batch_at": NOW - timedelta(seconds=seconds_ago), "num_input_rows": 100,
             "input_rows_per_second": 20.0, "processed_rows_per_second": 250.0,
             "batch_duration_ms": 400, "watermark": None, "state_rows": None,
-            "rows_dropped_by_watermark": None, **values}
+            "rows_dropped_by_watermark": None, "timers_fired": None, **values}
 
 
 def beat(*, streams: tuple[str, ...] = views.STREAMS, progress_ago: float = 3,
@@ -70,6 +70,8 @@ def healthy_progress() -> list[dict[str, Any]]:
         batch("gold_campaign_stats", 11, 5),
         batch("gold_ad_attribution", 12, 5, state_rows=1520, rows_dropped_by_watermark=3,
               watermark=datetime(2026, 11, 5, 11, 49, 30, 500000, tzinfo=UTC)),
+        batch("gold_user_sessions", 12, 5, state_rows=96, timers_fired=4,
+              watermark=datetime(2026, 11, 5, 11, 49, 30, tzinfo=UTC)),
         batch("ops_alerts", 300, 4, state_rows=310,
               watermark=datetime(2026, 11, 5, 11, 58, 50, tzinfo=UTC)),
     ]
@@ -107,7 +109,7 @@ def test_before_anything_ran_every_stream_is_listed_as_not_started_yet() -> None
     for stream in views.STREAMS:
         assert row_of(page, stream)[1] == "not started yet"
     outcome = views.verdict(views.stream_statuses(shot))
-    assert outcome.level == "warn" and outcome.headline == "0 of 6 streams running"
+    assert outcome.level == "warn" and outcome.headline == "0 of 7 streams running"
 
 
 def test_a_stream_whose_driver_is_up_but_not_yet_reporting_is_not_started_yet() -> None:
@@ -133,24 +135,26 @@ def test_every_stream_running_and_keeping_up_is_green() -> None:
                     late=[{"layer": "gold.campaign_stats", "late_rows": 3},
                           {"layer": "gold.campaign_stats", "late_rows": 4}])
     statuses = views.stream_statuses(shot)
-    assert [s.state for s in statuses] == ["running"] * 6
+    assert [s.state for s in statuses] == ["running"] * 7
     assert views.verdict(statuses) == views.Verdict(
-        "ok", "all 6 streams running and keeping up")
+        "ok", "all 7 streams running and keeping up")
     page = page_of(shot)
-    assert 'id="verdict">all 6 streams running and keeping up<' in page
+    assert 'id="verdict">all 7 streams running and keeping up<' in page
     bronze = row_of(page, "bronze_ad_events")
     # The latest batch, integers as integers, times to the second.
     assert bronze[2:5] == ["2026-11-05 11:59:57", "42", "20.0"]
     assert row_of(page, "silver_ad_events")[8] == "24,818"
     stats = row_of(page, "gold_campaign_stats")
     assert stats[7] == "2026-11-05 11:50:07"  # batch 10's
-    assert stats[10] == "7"
+    assert stats[11] == "7"  # late rows: 3 + 4 in the ledger
+    # Sessions: the state and the timers that closed sessions in its latest batch.
+    assert row_of(page, "gold_user_sessions")[8:11] == ["96", "–", "4"]
     attribution = row_of(page, "gold_ad_attribution")
     assert attribution[7] == "2026-11-05 11:49:30" and attribution[8:10] == ["1,520", "3"]
     assert row_of(page, "bronze_ad_events")[7] == "not windowed"
     for stream in views.STREAMS:
         cells = row_of(page, stream)
-        assert not any("." in cells[i] for i in (3, 8, 9, 10)), cells  # counts
+        assert not any("." in cells[i] for i in (3, 8, 9, 10, 11)), cells  # counts
         assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|–|\D+", cells[i])
                    for i in (2, 7)), cells  # times to the second
 
@@ -275,7 +279,8 @@ def test_gold_streams_waiting_for_a_rebuild_are_busy_not_stalled() -> None:
     waiting = beat(progress_ago=600)
     waiting["rebuilding"] = {"days": "2026-11-04..2026-11-04",
                              "since": "2026-11-05T11:50:00+00:00",
-                             "queries": ["gold_campaign_stats", "gold_ad_attribution"]}
+                             "queries": ["gold_campaign_stats", "gold_ad_attribution",
+                                         "gold_user_sessions"]}
     statuses = statuses_by_name(snapshot(progress=healthy_progress(), heartbeats=[waiting]))
     assert statuses["gold_campaign_stats"].state == (
         "waiting for the gold rebuild of 2026-11-04..2026-11-04 "
@@ -306,7 +311,8 @@ def test_the_supervisors_verdict_excuses_only_the_queries_waiting_for_a_rebuild(
     settings = make_settings(tmp_path / "lake")
     waiting = beat(progress_ago=600)
     waiting["rebuilding"] = {"days": "2026-11-04..2026-11-04", "since": NOW.isoformat(),
-                             "queries": ["gold_campaign_stats", "gold_ad_attribution"]}
+                             "queries": ["gold_campaign_stats", "gold_ad_attribution",
+                                         "gold_user_sessions"]}
     path = heartbeat.heartbeat_file(settings, EVERY_LAYER)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(waiting))

@@ -44,7 +44,7 @@ LATE_TABLE = registry.TABLES["ops.late_data"]
 PROGRESS_COLUMNS = ["query_name", "batch_id", "batch_at", "num_input_rows",
                     "input_rows_per_second", "processed_rows_per_second",
                     "batch_duration_ms", "watermark", "state_rows",
-                    "rows_dropped_by_watermark"]
+                    "rows_dropped_by_watermark", "timers_fired"]
 
 Level = Literal["ok", "warn", "bad"]
 
@@ -79,6 +79,7 @@ class StreamStatus:
     windowed: bool = False
     state_rows: int | None = None
     rows_dropped_by_watermark: int | None = None
+    timers_fired: int | None = None
     late_rows: int = 0
 
 
@@ -101,8 +102,13 @@ def _utc(value: Any) -> datetime | None:
 
 def _table_rows(settings: Settings, table: registry.Table,
                 columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """A Delta table's rows as plain Python values (ints stay ints, NULL is None)."""
-    return delta_reader.read_rows(table.path(settings), columns)
+    """A Delta table's rows as plain Python values (ints stay ints, NULL is None); of
+    ``columns``, those the table has (one recorded before a column was added lacks it)."""
+    path = table.path(settings)
+    if columns is not None and delta_reader.is_delta_table(path):
+        present = set(delta_reader.column_names(path))
+        columns = [column for column in columns if column in present]
+    return delta_reader.read_rows(path, columns)
 
 
 def read_snapshot(settings: Settings, now: datetime | None = None) -> Snapshot:
@@ -220,7 +226,7 @@ def stream_statuses(snapshot: Snapshot) -> list[StreamStatus]:
             watermark=None if watermark is None or watermark <= NO_WATERMARK else watermark,
             windowed=name in WINDOWED, state_rows=latest.get("state_rows"),
             rows_dropped_by_watermark=latest.get("rows_dropped_by_watermark"),
-            late_rows=late.get(name, 0)))
+            timers_fired=latest.get("timers_fired"), late_rows=late.get(name, 0)))
     return statuses
 
 
@@ -264,7 +270,7 @@ def _seconds(milliseconds: int | None) -> str:
 
 COLUMNS = ("stream", "state", "last batch (UTC)", "batch", "input rows/s", "processed rows/s",
            "batch duration", "watermark (UTC)", "state rows", "rows dropped by watermark",
-           "late rows")
+           "timers fired", "late rows")
 
 
 def _row(status: StreamStatus) -> dict[str, object]:
@@ -279,6 +285,7 @@ def _row(status: StreamStatus) -> dict[str, object]:
         "no_watermark": "not windowed" if not status.windowed else "none yet",
         "state_rows": _count(status.state_rows),
         "rows_dropped_by_watermark": _count(status.rows_dropped_by_watermark),
+        "timers_fired": _count(status.timers_fired),
         "late_rows": _count(status.late_rows)}
 
 

@@ -202,6 +202,7 @@ def _process(spark: SparkSession, batch: DataFrame, query_id: str, batch_id: int
                                                rows)
         late = watermark.closed(F.col("_window.end"), applied)
         summary = _summarize(events, late)
+        stream_progress.report_late_rows(query_id, batch_id, summary.late)
         if summary.late:
             late_events = events.where(late).withColumn("window_start", F.col("_window.start"))
             checkpoint = settings.checkpoint(QUERY_NAME)

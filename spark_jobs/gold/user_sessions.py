@@ -17,8 +17,11 @@ still open is in the table too, ``status = 'open'``, replaced (MERGE on ``user_i
 an earlier event moves a session's start, the row it replaces is deleted in the same
 commit. So the table answers "who is active now" as well as history, and a reader never
 sees a session twice. An event at or behind the watermark cannot be added (the session it
-belongs to may be closed and written): it goes to ``ops.late_data``. (No reprocess
-rebuilds this table yet.)
+belongs to may be closed and written): it goes to ``ops.late_data``.
+
+A reprocess (``rebuild``) recomputes the closed sessions that touch its dates from one
+snapshot of silver, late events included, and leaves the open ones to the stream, whose
+state holds them (see the function).
 """
 
 from __future__ import annotations
@@ -44,19 +47,22 @@ from spark_jobs.config import Settings, interval_seconds, spark_interval
 from spark_jobs.delta_writes import batch_time, idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.faults import crash_point
 from spark_jobs.gold import campaign_stats, writer
-from spark_jobs.gold.watermark import micros, naive_utc
-from spark_jobs.ops import late_data
+from spark_jobs.gold.watermark import carried_by_commit, latest_committed, micros, naive_utc
+from spark_jobs.ops import late_data, stream_progress
+from spark_jobs.range_rebuild import Change, read_current, rebuild_range
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.tables import TableSpec, ensure_table
 from spark_jobs.tables import read as read_table
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    from spark_jobs.dates import DateRange
 
 SESSION_COLUMNS = [
     StructField("user_id", StringType(), False),
@@ -368,8 +374,12 @@ def _process(spark: SparkSession, settings: Settings, changed: DataFrame, query_
     """One micro-batch of changes: late events to the ledger, sessions MERGEd in."""
     is_late = F.col("status") == LATE
     summary = changed.agg(F.count_if(is_late).alias("late"),
+                          F.count_if(F.col("status") == CLOSED).alias("closed"),
                           F.max("watermark_ms").alias("watermark_ms"),
                           *time_bounds(F.when(~is_late, F.col("session_start")))).first()
+    stream_progress.report_late_rows(query_id, batch_id, summary["late"])
+    # A session is closed by its timer, in the batch whose watermark reached it.
+    stream_progress.report_timers_fired(query_id, batch_id, summary["closed"])
     if summary["late"]:
         checkpoint = settings.checkpoint(QUERY_NAME)
         late_data.append(settings, late_data.entries(
@@ -377,7 +387,12 @@ def _process(spark: SparkSession, settings: Settings, changed: DataFrame, query_
             batch_time(checkpoint, batch_id)), checkpoint, query_id, batch_id)
         crash_point("gold_user_sessions.after_ledger")
     if summary["first"] is not None:
-        with idempotent_dml(spark, query_id, batch_id):
+        # The commit carries the watermark the batch closed sessions under, for a rebuild
+        # to tell the sessions the stream has closed (as gold.watermark's figure: the
+        # latest event time it stands for, the watermark plus the delay).
+        latest = summary["watermark_ms"] * 1000 + delay_micros(settings)
+        with (idempotent_dml(spark, query_id, batch_id),
+              carried_by_commit(spark, query_id, batch_id, latest)):
             merge(spark, settings, latest_per_session(changed),
                   (summary["first"], summary["last"]))
 
@@ -398,6 +413,104 @@ def merge(spark: SparkSession, settings: Settings, sessions: DataFrame,
         .whenMatchedUpdateAll()
         .whenNotMatchedInsertAll(condition=f"NOT ({superseded})")
         .execute())
+
+
+def delay_micros(settings: Settings) -> int:
+    return round(interval_seconds(settings.watermark_delay) * 1_000_000)
+
+
+# ----------------------------------------------------------------------------------------
+# The reprocess.
+
+# How far beyond the rebuilt dates silver is read, each side: a session touching the dates
+# is recomputed whole if it starts and ends within that much of them (one not, a user
+# active all day without a pause of ``session_gap``, is left as the stream wrote it).
+REBUILD_MARGIN = timedelta(days=1)
+
+
+def closed_watermark(settings: Settings) -> datetime | None:
+    """The watermark the stream's latest MERGE closed sessions under (naive UTC); None
+    before it closed any."""
+    latest = latest_committed(TABLE.path(settings))
+    return None if latest is None else naive_utc(latest - delay_micros(settings))
+
+
+def rebuilt_sessions(events: DataFrame, mapping: DataFrame, current: DataFrame,
+                     session_gap: str, closed_by: datetime | None, days: DateRange
+                     ) -> tuple[DataFrame, DataFrame]:
+    """What a rebuild of ``days`` writes: the rows that stand for the table's closed
+    sessions within a margin of them, and that scope's predicate.
+
+    ``events``: silver at one version, late events included; ``current``: the table now;
+    ``closed_by``: the watermark the stream has closed sessions under. A recomputed session
+    touching ``days`` is written, closed, when it is closed under that watermark, whole
+    within the margin, and not within the gap of a session open in the table (those are the
+    stream's state: its next change would overwrite a rebuilt row, so they wait for it).
+    Closed rows in the scope that such a session overlaps go; so do those touching ``days``
+    that no recomputed session overlaps (their events left silver); the others stay."""
+    gap = timedelta(seconds=interval_seconds(session_gap))
+    low = datetime.combine(days.first, datetime.min.time())
+    high = datetime.combine(days.last + timedelta(days=1), datetime.min.time())
+    read_from, read_to = low - REBUILD_MARGIN, high + REBUILD_MARGIN
+    in_read = (F.col("event_time") >= F.lit(read_from)) & (F.col("event_time") < F.lit(read_to))
+    dates = F.col("event_date").between(F.lit(read_from.date()), F.lit(read_to.date()))
+    sessions = user_sessions(events.where(dates & in_read), mapping, session_gap,
+                             closed_by).alias("r")
+    touches_days = (F.col("r.session_start") < F.lit(high)) & (F.col("r.session_end") >= F.lit(low))
+    # An event before ``read_from`` or at or after ``read_to`` is unread: a session nearer
+    # than the gap to either may go on there.
+    whole = ((F.col("r.session_start") > F.lit(read_from + gap))
+             & (F.col("r.session_end") < F.lit(read_to - gap)))
+    open_rows = current.where(F.col("status") == OPEN).alias("o")
+    near_open = sessions.join(open_rows, (F.col("o.user_id") == F.col("r.user_id"))
+                              & (F.col("o.session_start") - F.col("r.session_end")
+                                 <= F.expr(f"INTERVAL {spark_interval(session_gap)}"))
+                              & (F.col("r.session_start") - F.col("o.session_end")
+                                 <= F.expr(f"INTERVAL {spark_interval(session_gap)}")),
+                              "left_semi")
+    candidates = sessions.where(touches_days)
+    written = (candidates.where(whole & (F.col("r.status") == CLOSED))
+               .join(near_open, ["user_id", "session_start"], "left_anti"))
+    held = candidates.join(written, ["user_id", "session_start"], "left_anti")
+
+    scope = (f"status = '{CLOSED}' AND session_end >= TIMESTAMP'{read_from}' "
+             f"AND session_start < TIMESTAMP'{read_to}'")
+    closed_rows = current.where(scope).alias("t")
+
+    def overlapping(other: DataFrame) -> DataFrame:
+        other = other.alias("x")
+        return closed_rows.join(other, (F.col("t.user_id") == F.col("x.user_id"))
+                                & (F.col("t.session_start") <= F.col("x.session_end"))
+                                & (F.col("t.session_end") >= F.col("x.session_start")),
+                                "left_semi")
+
+    row_touches_days = ((F.col("session_start") < F.lit(high))
+                        & (F.col("session_end") >= F.lit(low)))
+    # Closed rows that no written session replaces stay if they are outside the dates or
+    # overlap a session held back; one touching the dates that overlaps nothing goes.
+    unreplaced = closed_rows.join(overlapping(written), ["user_id", "session_start"],
+                                  "left_anti")
+    beside_held = overlapping(held).select("user_id", "session_start",
+                                           F.lit(True).alias("_held"))
+    kept = (unreplaced.join(beside_held, ["user_id", "session_start"], "left")
+            .where(~row_touches_days | F.col("_held").isNotNull()))
+    columns = SCHEMA.fieldNames()
+    return written.select(*columns).unionByName(kept.select(*columns)), scope
+
+
+def rebuild(spark: SparkSession, settings: Settings, events: DataFrame, days: DateRange,
+            dry_run: bool, before_write: Callable[[], None]) -> Change:
+    """Replace the closed sessions touching ``days`` with the batch recomputation over
+    ``events`` (silver at one version) where they differ (``rebuilt_sessions``);
+    ``before_write`` runs just before the replace commits. Runs where gold's one writer is,
+    between two of the stream's micro-batches (``gold.writer``), so the table's open rows
+    are the stream's state."""
+    current = read_current(spark, settings, TABLE)
+    rows, scope = rebuilt_sessions(events, read_current(spark, settings, ad_campaigns.TABLE),
+                                   current, settings.session_gap, closed_watermark(settings),
+                                   days)
+    return rebuild_range(spark, settings, TABLE, rows, scope, F.to_date("session_start"),
+                         scope, dry_run, before_write)
 
 
 def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]

@@ -53,29 +53,53 @@ SCHEMA = StructType([
     # The version of its Delta source the batch had read up to, exclusive (its sources' end
     # offset as Spark reports it); NULL for the landing zone or Kafka.
     StructField("source_read_before", LongType()),
+    # Added later: what the batch's event-time timers closed (a stream of
+    # transformWithState: gold_user_sessions counts a session a timer; NULL for the
+    # others), and the events it counted late in ops.late_data (NULL for a stream without
+    # a ledger).
+    StructField("timers_fired", LongType()),
+    StructField("late_rows", LongType()),
 ])
 
 TABLE = TableSpec.declared("ops.stream_progress", SCHEMA)
+# The state operators' metric of timers fired (Spark's transformWithState in Scala).
+TIMERS_FIRED = "numExpiredTimers"
 
-# (query id, batch id) -> the event-time watermark a batch applied itself in
-# ``foreachBatch``, where Spark reports none; kept until its progress row is written.
-# Written by the streams' threads, read by the runner's.
-_applied_watermarks: dict[tuple[str, int], datetime] = {}
-_applied_watermarks_lock = threading.Lock()
-_WATERMARKS_KEPT = 1000  # a driver that records no progress must not grow this for ever
+# (query id, batch id) -> what a batch reported of itself from ``foreachBatch`` (the
+# event-time watermark it applied, where Spark reports none; the events it counted late),
+# kept until its progress row is written. Written by the streams' threads, read by the
+# runner's.
+_reported: dict[tuple[str, int], dict[str, object]] = {}
+_reported_lock = threading.Lock()
+_REPORTS_KEPT = 1000  # a driver that records no progress must not grow this for ever
+
+
+def _report(query_id: str, batch_id: int, key: str, value: object) -> None:
+    with _reported_lock:
+        _reported.setdefault((query_id, batch_id), {})[key] = value
+        while len(_reported) > _REPORTS_KEPT:
+            del _reported[next(iter(_reported))]
 
 
 def report_watermark(query_id: str, batch_id: int, watermark: datetime) -> None:
     """The watermark (naive UTC) a micro-batch applied, for its progress row."""
-    with _applied_watermarks_lock:
-        _applied_watermarks[(query_id, batch_id)] = watermark
-        while len(_applied_watermarks) > _WATERMARKS_KEPT:
-            del _applied_watermarks[next(iter(_applied_watermarks))]
+    _report(query_id, batch_id, "watermark", watermark)
 
 
-def _applied_watermark(progress: StreamingQueryProgress) -> datetime | None:
-    with _applied_watermarks_lock:
-        return _applied_watermarks.pop((str(progress.id), progress.batchId), None)
+def report_late_rows(query_id: str, batch_id: int, late_rows: int) -> None:
+    """How many events a micro-batch counted late in the ledger, for its progress row."""
+    _report(query_id, batch_id, "late_rows", late_rows)
+
+
+def report_timers_fired(query_id: str, batch_id: int, timers: int) -> None:
+    """What a micro-batch's event-time timers closed (sessions, one a timer): Spark counts
+    a Python processor's timers in none of its metrics, so the stream says."""
+    _report(query_id, batch_id, "timers_fired", timers)
+
+
+def _reported_by(progress: StreamingQueryProgress) -> dict[str, object]:
+    with _reported_lock:
+        return _reported.pop((str(progress.id), progress.batchId), {})
 
 
 def _utc(text: str | None) -> datetime | None:
@@ -138,18 +162,23 @@ def _row(progress: StreamingQueryProgress) -> tuple[object, ...]:
     operators = progress.stateOperators or []
     records = input_records(progress)
     seconds = (progress.batchDuration or 0) / 1000
+    reported = _reported_by(progress)
+    timers = reported.get("timers_fired", sum(
+        op.customMetrics[TIMERS_FIRED] for op in operators
+        if TIMERS_FIRED in (op.customMetrics or {})) or None)
     return (
         progress.name or str(progress.id), str(progress.runId), progress.batchId,
         _utc(progress.timestamp), records,
         _rescaled(progress.inputRowsPerSecond, records, progress.numInputRows),
         records / seconds if seconds > 0 else None,
         progress.batchDuration,
-        _utc((progress.eventTime or {}).get("watermark"))
-        or _applied_watermark(progress),
+        _utc((progress.eventTime or {}).get("watermark")) or reported.get("watermark"),
         sum(op.numRowsTotal for op in operators) if operators else None,
         sum(op.numRowsDroppedByWatermark for op in operators) if operators else None,
         str(progress.id),
         _source_read_before(progress),
+        timers,
+        reported.get("late_rows"),
     )
 
 
