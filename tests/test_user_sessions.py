@@ -391,8 +391,9 @@ def test_what_a_rebuild_writes_replaces_and_leaves(spark) -> None:
 
     campaigns = mapping(spark, [("ad-1", "c-1", EPOCH)])
     current = spark.createDataFrame(table, user_sessions.SCHEMA)
-    rows, scope = user_sessions.rebuilt_sessions(silver_frame(spark, events), campaigns,
-                                                 current, "30 minutes", d23(2), day)
+    recomputed = user_sessions.recomputed_sessions(silver_frame(spark, events), campaigns,
+                                                   "30 minutes", d23(2), day)
+    rows, scope = user_sessions.rebuilt_sessions(recomputed, current, "30 minutes", day)
     result = {(r.user_id, r.session_start): (r.events, r.status) for r in rows.collect()}
     assert result == {
         ("u-1", d22(10)): (3, CLOSED),

@@ -435,27 +435,40 @@ def closed_watermark(settings: Settings) -> datetime | None:
     return None if latest is None else naive_utc(latest - delay_micros(settings))
 
 
-def rebuilt_sessions(events: DataFrame, mapping: DataFrame, current: DataFrame,
-                     session_gap: str, closed_by: datetime | None, days: DateRange
-                     ) -> tuple[DataFrame, DataFrame]:
+def read_range(days: DateRange) -> tuple[datetime, datetime]:
+    """The event times a rebuild of ``days`` reads: a margin each side of them."""
+    low = datetime.combine(days.first, datetime.min.time())
+    high = datetime.combine(days.last + timedelta(days=1), datetime.min.time())
+    return low - REBUILD_MARGIN, high + REBUILD_MARGIN
+
+
+def recomputed_sessions(events: DataFrame, mapping: DataFrame, session_gap: str,
+                        closed_by: datetime | None, days: DateRange) -> DataFrame:
+    """The batch recomputation over ``events`` (silver at one version, late events
+    included) in the range a rebuild of ``days`` reads; closed under ``closed_by``, the
+    watermark the stream has closed sessions under."""
+    read_from, read_to = read_range(days)
+    in_read = (F.col("event_time") >= F.lit(read_from)) & (F.col("event_time") < F.lit(read_to))
+    dates = F.col("event_date").between(F.lit(read_from.date()), F.lit(read_to.date()))
+    return user_sessions(events.where(dates & in_read), mapping, session_gap, closed_by)
+
+
+def rebuilt_sessions(recomputed: DataFrame, current: DataFrame, session_gap: str,
+                     days: DateRange) -> tuple[DataFrame, str]:
     """What a rebuild of ``days`` writes: the rows that stand for the table's closed
     sessions within a margin of them, and that scope's predicate.
 
-    ``events``: silver at one version, late events included; ``current``: the table now;
-    ``closed_by``: the watermark the stream has closed sessions under. A recomputed session
-    touching ``days`` is written, closed, when it is closed under that watermark, whole
-    within the margin, and not within the gap of a session open in the table (those are the
-    stream's state: its next change would overwrite a rebuilt row, so they wait for it).
-    Closed rows in the scope that such a session overlaps go; so do those touching ``days``
-    that no recomputed session overlaps (their events left silver); the others stay."""
+    ``recomputed``: ``recomputed_sessions``; ``current``: the table now. A recomputed
+    session touching ``days`` is written, closed, when it is closed, whole within the
+    margin, and not within the gap of a session open in the table (those are the stream's
+    state: its next change would overwrite a rebuilt row, so they wait for it). Closed rows
+    in the scope that such a session overlaps go; so do those touching ``days`` that no
+    recomputed session overlaps (their events left silver); the others stay."""
     gap = timedelta(seconds=interval_seconds(session_gap))
     low = datetime.combine(days.first, datetime.min.time())
     high = datetime.combine(days.last + timedelta(days=1), datetime.min.time())
-    read_from, read_to = low - REBUILD_MARGIN, high + REBUILD_MARGIN
-    in_read = (F.col("event_time") >= F.lit(read_from)) & (F.col("event_time") < F.lit(read_to))
-    dates = F.col("event_date").between(F.lit(read_from.date()), F.lit(read_to.date()))
-    sessions = user_sessions(events.where(dates & in_read), mapping, session_gap,
-                             closed_by).alias("r")
+    read_from, read_to = read_range(days)
+    sessions = recomputed.alias("r")
     touches_days = (F.col("r.session_start") < F.lit(high)) & (F.col("r.session_end") >= F.lit(low))
     # An event before ``read_from`` or at or after ``read_to`` is unread: a session nearer
     # than the gap to either may go on there.
@@ -505,12 +518,17 @@ def rebuild(spark: SparkSession, settings: Settings, events: DataFrame, days: Da
     ``before_write`` runs just before the replace commits. Runs where gold's one writer is,
     between two of the stream's micro-batches (``gold.writer``), so the table's open rows
     are the stream's state."""
-    current = read_current(spark, settings, TABLE)
-    rows, scope = rebuilt_sessions(events, read_current(spark, settings, ad_campaigns.TABLE),
-                                   current, settings.session_gap, closed_watermark(settings),
-                                   days)
-    return rebuild_range(spark, settings, TABLE, rows, scope, F.to_date("session_start"),
-                         scope, dry_run, before_write)
+    # Cached: what is written, what is held back and what stays all read it.
+    recomputed = recomputed_sessions(
+        events, read_current(spark, settings, ad_campaigns.TABLE), settings.session_gap,
+        closed_watermark(settings), days).persist()
+    try:
+        rows, scope = rebuilt_sessions(recomputed, read_current(spark, settings, TABLE),
+                                       settings.session_gap, days)
+        return rebuild_range(spark, settings, TABLE, rows, scope, F.to_date("session_start"),
+                             scope, dry_run, before_write)
+    finally:
+        recomputed.unpersist()
 
 
 def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
