@@ -12,7 +12,8 @@ from pyspark.sql import functions as F
 
 from spark_jobs.dates import DateRange
 from spark_jobs.gold import user_sessions
-from spark_jobs.gold.user_sessions import CLOSED, OPEN, Session, absorb
+from spark_jobs.gold.user_sessions import CLOSED, OPEN, Session, absorb, runs
+from spark_jobs.gold.watermark import micros
 from spark_jobs.ops import late_data, stream_progress
 from spark_jobs.silver import ad_campaigns
 from spark_jobs.silver import ad_events as silver
@@ -28,8 +29,10 @@ def at(minute: int, hour: int = 12) -> datetime:
 
 
 def event(minute: int, event_type: str = "view", hour: int = 12) -> Session:
-    return Session.of_event(f"e-{hour}-{minute}", at(minute, hour), event_type,
-                            Decimal("2.50") if event_type == "purchase" else None, "c-1")
+    """The session of one event, as the stream makes it."""
+    [session] = runs([(micros(at(minute, hour)), f"e-{hour}-{minute}", event_type,
+                       250 if event_type == "purchase" else 0, "c-1")], GAP)
+    return session
 
 
 def spans(sessions: list[Session]) -> list[tuple[datetime, datetime, int]]:
@@ -63,6 +66,26 @@ def test_the_order_events_arrive_in_does_not_change_the_sessions() -> None:
         for minute in order:
             sessions = absorb(sessions, event(minute % 60, hour=12 + minute // 60), GAP)
         assert spans(sessions) == expected
+
+
+def test_absorbing_a_batch_s_runs_gives_the_sessions_of_its_events_one_by_one() -> None:
+    # The stream absorbs each batch's events as runs (events at most the gap apart): the
+    # same sessions as absorbing every event on its own, whatever batches the events come in.
+    rng = random.Random(11)
+    for _ in range(200):
+        events = [(micros(at(0)) + rng.randrange(0, 6 * 3600) * 1_000_000, f"e-{n}",
+                   rng.choice(("view", "click", "purchase")), rng.choice((0, 125)),
+                   rng.choice(("c-1", "c-2"))) for n in range(rng.randint(1, 12))]
+        one_by_one: list[Session] = []
+        for single in events:
+            one_by_one = absorb(one_by_one, runs([single], GAP)[0], GAP)
+        in_batches: list[Session] = []
+        cut = rng.randint(0, len(events))
+        for batch in (events[:cut], events[cut:]):
+            for run in runs(batch, GAP):
+                in_batches = absorb(in_batches, run, GAP)
+        assert sorted(in_batches, key=lambda s: s.start) == sorted(
+            one_by_one, key=lambda s: s.start)
 
 
 def silver_frame(spark, rows: list[tuple]):

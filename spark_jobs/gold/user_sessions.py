@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
-from pyspark.sql import Row, Window
+from pyspark.sql import Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -56,8 +56,9 @@ from spark_jobs.tables import TableSpec, ensure_table
 from spark_jobs.tables import read as read_table
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Iterator
 
+    import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
@@ -91,6 +92,19 @@ SUPERSEDED, LATE = "superseded", "late"
 PRECEDENCE = {OPEN: 0, SUPERSEDED: 1, CLOSED: 2, LATE: 3}
 # The stateful step's rows: sessions, plus the watermark the step saw (for the ledger).
 CHANGES = StructType([*SCHEMA.fields, StructField("watermark_ms", LongType(), False)])
+# What the processor emits: ``CHANGES`` with times in microseconds and revenue in cents,
+# integers pandas and Arrow carry as they are (``session_changes`` makes the columns).
+PROCESSOR_OUTPUT = StructType([
+    StructField("user_id", StringType(), False),
+    StructField("session_start_us", LongType(), False),
+    StructField("session_end_us", LongType(), False),
+    *(StructField(name, LongType(), False)
+      for name in ("events", "views", "clicks", "purchases", "revenue_cents")),
+    StructField("campaigns", ArrayType(StringType(), False), False),
+    StructField("ended_in_purchase", BooleanType(), False),
+    StructField("status", StringType(), False),
+    StructField("watermark_ms", LongType(), False),
+])
 # The silver columns a session is made of.
 INPUTS = ("event_id", "event_time", "event_type", "user_id", "ad_id", "price")
 
@@ -135,14 +149,6 @@ class Session:
     campaigns: frozenset[str]
     last: tuple[datetime, str, str]  # the last event: time, event_id, event_type
 
-    @classmethod
-    def of_event(cls, event_id: str, time: datetime, event_type: str, price: Decimal | None,
-                 campaign: str) -> Session:
-        paid = event_type == "purchase" and price is not None
-        return cls(time, time, 1, int(event_type == "view"), int(event_type == "click"),
-                   int(event_type == "purchase"), int(price * 100) if paid else 0,
-                   frozenset((campaign,)), (time, event_id, event_type))
-
     def joins(self, other: Session, gap: timedelta) -> bool:
         """Whether the two are one session: at most ``gap`` between them, as
         ``session_window`` merges a session with an event that starts at or before the
@@ -164,16 +170,11 @@ class Session:
         watermark) can join it: it would be more than the gap after its last event."""
         return self.closes_at(gap) <= watermark
 
-    def row(self, user_id: str, status: str, watermark_ms: int) -> Row:
-        # Keyword arguments: the output schema is matched by name.
-        return Row(user_id=user_id, session_start=aware_utc(self.start),
-                   session_end=aware_utc(self.end),
-                   events=self.events, views=self.views, clicks=self.clicks,
-                   purchases=self.purchases,
-                   revenue=Decimal(self.revenue_cents).scaleb(-2),
-                   campaigns=sorted(self.campaigns),
-                   ended_in_purchase=self.last[2] == "purchase", status=status,
-                   watermark_ms=watermark_ms)
+    def row(self, user_id: str, status: str, watermark_ms: int) -> tuple:
+        """The session as the processor emits it (``PROCESSOR_OUTPUT``)."""
+        return (user_id, micros(self.start), micros(self.end), self.events, self.views,
+                self.clicks, self.purchases, self.revenue_cents, sorted(self.campaigns),
+                self.last[2] == "purchase", status, watermark_ms)
 
 
 def absorb(sessions: Iterable[Session], event: Session, gap: timedelta) -> list[Session]:
@@ -188,6 +189,51 @@ def absorb(sessions: Iterable[Session], event: Session, gap: timedelta) -> list[
         else:
             rest.append(session)
     return [*rest, grown]
+
+
+# An event as the processor reads it: (event time in microseconds since the epoch,
+# event_id, event_type, price in cents (0 but on a purchase with a price), campaign_id);
+# the processor's input columns of the same names, in that order.
+Event = tuple[int, str, str, int, str]
+EVENT_COLUMNS = ("event_us", "event_id", "event_type", "price_cents", "campaign_id")
+
+
+def runs(events: list[Event], gap: timedelta) -> list[Session]:
+    """``events`` (on time, any order) as the sessions they make on their own: sorted by
+    time, a run goes on while the next event is at most ``gap`` after the last. Each run,
+    absorbed into the sessions before (``absorb``), gives what absorbing its events one by
+    one would: it joins a session exactly when one of its events does, and it is as far
+    from every other session as its events are. In integers, once per run a ``Session``:
+    the stream's per-event cost (a million events of a thousand users: about a fifth of
+    the time ``absorb`` took event by event)."""
+    gap_us = gap // timedelta(microseconds=1)
+    result: list[Session] = []
+    run: list[Event] = []
+    # By time, then event_id: the last event of a run is its last by (time, event_id).
+    for event in sorted(events, key=itemgetter(0, 1)):
+        if run and event[0] - run[-1][0] > gap_us:
+            result.append(_run_session(run))
+            run = []
+        run.append(event)
+    if run:
+        result.append(_run_session(run))
+    return result
+
+
+def _run_session(run: list[Event]) -> Session:
+    views = clicks = purchases = cents = 0
+    for _, _, event_type, price_cents, _ in run:
+        if event_type == "view":
+            views += 1
+        elif event_type == "click":
+            clicks += 1
+        elif event_type == "purchase":
+            purchases += 1
+            cents += price_cents
+    last_us, last_id, last_type, _, _ = run[-1]
+    last_time = naive_utc(last_us)
+    return Session(naive_utc(run[0][0]), last_time, len(run), views, clicks, purchases, cents,
+                   frozenset(event[4] for event in run), (last_time, last_id, last_type))
 
 
 def aware_utc(moment: datetime) -> datetime:
@@ -241,7 +287,7 @@ def _to_state(session: Session) -> tuple:
 
 
 def changes(user_id: str, before: list[Session], after: list[Session], watermark_ms: int
-            ) -> list[Row]:
+            ) -> list[tuple]:
     """The rows that bring the table from a user's open sessions ``before`` to ``after``:
     each new or grown session, and each one that no longer starts where it did (merged
     into another, or started earlier), for the MERGE to delete."""
@@ -290,22 +336,25 @@ def _processor(gap: timedelta) -> StatefulProcessor:
 
         def handleInputRows(self, key, rows, timerValues):  # noqa: ANN001, ANN202, N802, N803
             watermark_ms = timerValues.getCurrentWatermarkInMs()
-            watermark = from_epoch_ms(watermark_ms)
+            watermark_us = watermark_ms * 1000
             before = self._load()
-            sessions, late = before, []
-            for row in rows:
-                time = to_naive_utc(row.event_time)
-                event = Session.of_event(row.event_id, time, row.event_type, row.price,
-                                         row.campaign_id)
-                # At or behind the watermark (Spark's rule for late rows), the event's
-                # session may be closed and written.
-                if time <= watermark:
-                    late.append(event.row(key[0], LATE, watermark_ms))
-                else:
-                    sessions = absorb(sessions, event, gap)
+            on_time: list[Event] = []
+            late = []
+            for frame in rows:  # pandas, column by column to Python values
+                for event in zip(*(frame[name].tolist() for name in EVENT_COLUMNS),
+                                 strict=True):
+                    # At or behind the watermark (Spark's rule for late rows), the event's
+                    # session may be closed and written.
+                    if event[0] <= watermark_us:
+                        late.append(_run_session([event]).row(key[0], LATE, watermark_ms))
+                    else:
+                        on_time.append(event)
+            sessions = before
+            for run in runs(on_time, gap):
+                sessions = absorb(sessions, run, gap)
             if sessions != before:
                 self._store(sessions)
-            return iter(late + changes(key[0], before, sessions, watermark_ms))
+            return _frames(late + changes(key[0], before, sessions, watermark_ms))
 
         def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):  # noqa: ANN001, ANN202, N802, N803
             watermark_ms = timerValues.getCurrentWatermarkInMs()
@@ -314,12 +363,20 @@ def _processor(gap: timedelta) -> StatefulProcessor:
             closed = [s for s in sessions if s.closed_under(watermark, gap)]
             self._store([s for s in sessions if s not in closed],
                         expiring=expiredTimerInfo.getExpiryTimeInMs())
-            return iter([session.row(key[0], CLOSED, watermark_ms) for session in closed])
+            return _frames([session.row(key[0], CLOSED, watermark_ms) for session in closed])
 
         def close(self) -> None:
             pass
 
     return OpenSessions()
+
+
+def _frames(rows: list[tuple]) -> Iterator[pd.DataFrame]:
+    """The processor's rows as the one pandas frame Spark takes them in (none if none)."""
+    import pandas as pd
+
+    if rows:
+        yield pd.DataFrame(rows, columns=PROCESSOR_OUTPUT.fieldNames())
 
 
 def session_changes(events: DataFrame, mapping: DataFrame, session_gap: str,
@@ -330,12 +387,27 @@ def session_changes(events: DataFrame, mapping: DataFrame, session_gap: str,
         .withWatermark("event_time", spark_interval(watermark_delay)), mapping)
     # Spark drops the rows behind the watermark before a stateful step; the processor must
     # see them to count them in the ledger, so it gets the time as a column of its own.
-    plain_time = F.timestamp_micros(F.unix_micros("event_time")).alias("event_time")
-    return (with_campaign.select("user_id", "event_id", plain_time, "event_type", "price",
-                                 "campaign_id")
-            .groupBy("user_id")
-            .transformWithState(_processor(timedelta(seconds=interval_seconds(session_gap))),
-                                 CHANGES, "Append", "EventTime"))
+    # Integers (microseconds, cents) the processor compares and adds without a conversion.
+    # A price only counts on a purchase; 0 otherwise, so the column has no NULL (pandas
+    # would make it floats).
+    price_cents = F.coalesce(F.when(F.col("event_type") == "purchase",
+                                    (F.col("price") * 100).cast("long")), F.lit(0))
+    changed = (with_campaign.select("user_id", F.unix_micros("event_time").alias("event_us"),
+                                    "event_id", "event_type", price_cents.alias("price_cents"),
+                                    "campaign_id")
+               .groupBy("user_id")
+               # pandas, not Rows: PySpark builds each Row cell by cell from Arrow (a million
+               # events, 15 s of the stateful step), a pandas frame a column at a time.
+               .transformWithStateInPandas(
+                   _processor(timedelta(seconds=interval_seconds(session_gap))),
+                   PROCESSOR_OUTPUT, "Append", "EventTime"))
+    revenue_type = SCHEMA["revenue"].dataType
+    return changed.select(
+        "user_id", F.timestamp_micros("session_start_us").alias("session_start"),
+        F.timestamp_micros("session_end_us").alias("session_end"),
+        "events", "views", "clicks", "purchases",
+        (F.col("revenue_cents").cast(revenue_type) / 100).cast(revenue_type).alias("revenue"),
+        "campaigns", "ended_in_purchase", "status", "watermark_ms")
 
 
 def latest_per_session(changed: DataFrame) -> DataFrame:
