@@ -114,7 +114,14 @@ def _object_store(settings: Settings) -> dict[str, str]:
             # one S3A would look for the region as it does for AWS.
             "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
             "spark.hadoop.fs.s3a.connection.ssl.enabled":
-                str(settings.s3_endpoint.startswith("https:")).lower()}
+                str(settings.s3_endpoint.startswith("https:")).lower(),
+            # RocksDB uploads its state files with copyFromLocalFile, which S3A sends by
+            # its transfer manager's async client; moto's server answered those uploads
+            # (gold_user_sessions' first state snapshot) with a bare "100 Continue" that
+            # the client took for a failed request. Written as any other file (the
+            # blocking client, without asking to continue), every store takes them.
+            "spark.hadoop.fs.s3a.optimized.copy.from.local.enabled": "false",
+            "spark.hadoop.fs.s3a.connection.expect.continue": "false"}
 
 
 def executor_python(settings: Settings) -> str:

@@ -590,13 +590,13 @@ def rebuild(spark: SparkSession, settings: Settings, events: DataFrame, days: Da
     ``before_write`` runs just before the replace commits. Runs where gold's one writer is,
     between two of the stream's micro-batches (``gold.writer``), so the table's open rows
     are the stream's state."""
+    current = read_current(spark, settings, TABLE)  # created first if it is not yet
     # Cached: what is written, what is held back and what stays all read it.
     recomputed = recomputed_sessions(
         events, read_current(spark, settings, ad_campaigns.TABLE), settings.session_gap,
         closed_watermark(settings), days).persist()
     try:
-        rows, scope = rebuilt_sessions(recomputed, read_current(spark, settings, TABLE),
-                                       settings.session_gap, days)
+        rows, scope = rebuilt_sessions(recomputed, current, settings.session_gap, days)
         return rebuild_range(spark, settings, TABLE, rows, scope, F.to_date("session_start"),
                              scope, dry_run, before_write)
     finally:
