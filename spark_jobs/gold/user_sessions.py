@@ -507,10 +507,15 @@ def closed_watermark(settings: Settings) -> datetime | None:
     return None if latest is None else naive_utc(latest - delay_micros(settings))
 
 
+def day_bounds(days: DateRange) -> tuple[datetime, datetime]:
+    """The first moment of ``days`` and the first one after them (naive UTC)."""
+    return (datetime.combine(days.first, datetime.min.time()),
+            datetime.combine(days.last + timedelta(days=1), datetime.min.time()))
+
+
 def read_range(days: DateRange) -> tuple[datetime, datetime]:
     """The event times a rebuild of ``days`` reads: a margin each side of them."""
-    low = datetime.combine(days.first, datetime.min.time())
-    high = datetime.combine(days.last + timedelta(days=1), datetime.min.time())
+    low, high = day_bounds(days)
     return low - REBUILD_MARGIN, high + REBUILD_MARGIN
 
 
@@ -537,8 +542,7 @@ def rebuilt_sessions(recomputed: DataFrame, current: DataFrame, session_gap: str
     in the scope that such a session overlaps go; so do those touching ``days`` that no
     recomputed session overlaps (their events left silver); the others stay."""
     gap = timedelta(seconds=interval_seconds(session_gap))
-    low = datetime.combine(days.first, datetime.min.time())
-    high = datetime.combine(days.last + timedelta(days=1), datetime.min.time())
+    low, high = day_bounds(days)
     read_from, read_to = read_range(days)
     sessions = recomputed.alias("r")
     touches_days = (F.col("r.session_start") < F.lit(high)) & (F.col("r.session_end") >= F.lit(low))
