@@ -185,6 +185,7 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     window_duration: Interval
     attribution_max_gap: Interval
     session_gap: Interval
+    sessions_trigger: Interval
     alert_clicks_per_minute: Count
     alert_watermark_delay: Interval
     alert_trigger: Interval

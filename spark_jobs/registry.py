@@ -46,8 +46,12 @@ class Table:
     stream: str | None = None
     # The stream applies an event-time watermark: its progress rows carry it.
     windowed: bool = False
-    # The setting holding the stream's processing-time trigger in a continuous run.
+    # The setting holding the stream's processing-time trigger in a continuous run, and
+    # when it applies (``trigger_of``): "kafka", where the stream reads Kafka (a trigger
+    # shorter than the driver's); "longer", where it is longer than the driver's (a stream
+    # whose rows need not be as fresh).
     trigger_setting: str = "trigger_interval"
+    trigger_applies: Literal["kafka", "longer"] = "kafka"
     # Validated by the suite ``<expectations_dir>/<name>.json``.
     suite: bool = False
 
@@ -128,7 +132,8 @@ TABLES: dict[str, Table] = _by_name(
                 "minutes by default) apart in event time, open until the watermark reaches "
                 "its last event plus the gap",
           zorder_by=("user_id", "session_start"),
-          stream="gold_user_sessions", windowed=True, suite=True),
+          stream="gold_user_sessions", windowed=True, trigger_setting="sessions_trigger",
+          trigger_applies="longer", suite=True),
     Table(name="ops.alerts", kind="ops",
           grain="one row per click-fraud alert: an ip_address with more than "
                 "alert_clicks_per_minute distinct valid clicks in one minute of event time, "
@@ -164,15 +169,23 @@ def streams() -> list[Table]:
             if table.stream == table.name.replace(".", "_", 1)]
 
 
-def trigger_of(settings: Settings, query_name: str) -> str:
-    """The processing-time trigger ``query_name`` runs on continuously: its own setting
-    where it reads Kafka; otherwise the driver's, since a stream reading a table of the
-    lake cannot be faster than the stream writing it: polling it faster only takes cores
-    from the other streams."""
+def trigger_of(settings: Settings, query_name: str, driver_trigger: str | None = None) -> str:
+    """The processing-time trigger ``query_name`` runs on continuously, in a driver whose
+    streams trigger every ``driver_trigger`` (default ``trigger_interval``). A stream on a
+    setting of its own that applies where it reads Kafka takes it there, and the driver's
+    otherwise, since a stream reading a table of the lake cannot be faster than the stream
+    writing it: polling it faster only takes cores from the other streams. One whose own
+    applies where it is longer takes the longer of the two."""
+    from spark_jobs.config import interval_seconds
+
     table = next(table for table in streams() if table.stream == query_name)
-    if settings.source != "kafka":
-        return settings.trigger_interval
-    return str(getattr(settings, table.trigger_setting))
+    driver = driver_trigger or settings.trigger_interval
+    if table.trigger_setting == "trigger_interval":
+        return driver
+    own = str(getattr(settings, table.trigger_setting))
+    if table.trigger_applies == "longer":
+        return max(driver, own, key=interval_seconds)
+    return own if settings.source == "kafka" else driver
 
 
 def query_names(layer: str | None = None) -> tuple[str, ...]:

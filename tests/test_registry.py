@@ -120,3 +120,20 @@ def test_the_registry_imports_no_pyspark() -> None:
                                "print(sorted(m for m in sys.modules if 'pyspark' in m))"],
         capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_each_stream_s_trigger_in_a_continuous_run() -> None:
+    from spark_jobs import config
+
+    files, kafka = config.load({}), config.load({"source": "kafka"})
+    # The sessions' own minute (sessions_trigger) is longer than the driver's 5 s, so it
+    # stands; behind a driver slower than that (--trigger 2 minutes), the driver's.
+    assert registry.trigger_of(files, "gold_user_sessions") == "1 minute"
+    assert registry.trigger_of(files, "gold_user_sessions", "2 minutes") == "2 minutes"
+    assert registry.trigger_of(kafka, "gold_user_sessions", "20 seconds") == "1 minute"
+    # The alert path's 2 s applies where it reads Kafka, not where it reads bronze.
+    assert registry.trigger_of(kafka, "ops_alerts", "20 seconds") == "2 seconds"
+    assert registry.trigger_of(files, "ops_alerts", "20 seconds") == "20 seconds"
+    # Every other stream: the driver's.
+    assert registry.trigger_of(kafka, "gold_campaign_stats", "20 seconds") == "20 seconds"
+    assert registry.trigger_of(files, "silver_ad_events") == "5 seconds"

@@ -26,6 +26,7 @@ state holds them (see the function).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from operator import itemgetter
@@ -43,6 +44,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from spark_jobs import registry
 from spark_jobs.config import Settings, interval_seconds, spark_interval
 from spark_jobs.delta_writes import batch_time, idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.faults import crash_point
@@ -92,9 +94,9 @@ SUPERSEDED, LATE = "superseded", "late"
 PRECEDENCE = {OPEN: 0, SUPERSEDED: 1, CLOSED: 2, LATE: 3}
 # The stateful step's rows: sessions, plus the watermark the step saw (for the ledger).
 CHANGES = StructType([*SCHEMA.fields, StructField("watermark_ms", LongType(), False)])
-# What the processor emits: ``CHANGES`` with times in microseconds and revenue in cents,
-# integers pandas and Arrow carry as they are (``session_changes`` makes the columns).
-PROCESSOR_OUTPUT = StructType([
+# A change as the processor makes it: ``CHANGES`` with times in microseconds and revenue in
+# cents, integers it computes with as they are (``session_changes`` makes the columns).
+PROCESSOR_CHANGE = StructType([
     StructField("user_id", StringType(), False),
     StructField("session_start_us", LongType(), False),
     StructField("session_end_us", LongType(), False),
@@ -105,6 +107,11 @@ PROCESSOR_OUTPUT = StructType([
     StructField("status", StringType(), False),
     StructField("watermark_ms", LongType(), False),
 ])
+# What the processor emits: each change as one JSON object (``PROCESSOR_CHANGE``), which the
+# JVM parses. PySpark turns every frame a processor returns into Arrow column by column, at
+# about 0.2 ms a column whatever its rows: twelve columns for each user's one or two rows
+# cost more than all the rest of a steady feed's stateful step in Python (make bench).
+PROCESSOR_OUTPUT = StructType([StructField("change", StringType(), False)])
 # The silver columns a session is made of.
 INPUTS = ("event_id", "event_time", "event_type", "user_id", "ad_id", "price")
 
@@ -171,7 +178,7 @@ class Session:
         return self.closes_at(gap) <= watermark
 
     def row(self, user_id: str, status: str, watermark_ms: int) -> tuple:
-        """The session as the processor emits it (``PROCESSOR_OUTPUT``)."""
+        """The session as the processor makes it (``PROCESSOR_CHANGE``)."""
         return (user_id, micros(self.start), micros(self.end), self.events, self.views,
                 self.clicks, self.purchases, self.revenue_cents, sorted(self.campaigns),
                 self.last[2] == "purchase", status, watermark_ms)
@@ -248,11 +255,6 @@ def to_naive_utc(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(tzinfo=None)
 
 
-def epoch_ms(moment: datetime) -> int:
-    """Milliseconds since the epoch, rounded down (timers and watermarks are in them)."""
-    return micros(moment) // 1000
-
-
 def from_epoch_ms(milliseconds: int) -> datetime:
     return naive_utc(milliseconds * 1000)
 
@@ -304,8 +306,13 @@ def _processor(gap: timedelta) -> StatefulProcessor:
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     class OpenSessions(StatefulProcessor):
-        """A user's open sessions in one list state, and one event-time timer at the
-        earliest time one of them closes."""
+        """A user's open sessions in one list state, and an event-time timer at or before
+        the earliest time one of them closes."""
+
+        def __reduce__(self):  # noqa: ANN204 (pickle's signature)
+            # Made again where it is unpickled, a Python worker, with the reader of its
+            # input by key slices there first (``arrow_groups``).
+            return _processor_in_worker, (gap,)
 
         def init(self, handle):  # noqa: ANN001, ANN202 (Spark's signature)
             self.handle = handle
@@ -315,24 +322,22 @@ def _processor(gap: timedelta) -> StatefulProcessor:
             self.open = handle.getListState("open_sessions", STATE)
 
         def _load(self) -> list[Session]:
-            return [_from_state(values) for values in self.open.get()] if self.open.exists() else []
+            # A user without state has an empty list (no call to ask first).
+            return [_from_state(values) for values in self.open.get()]
 
-        def _store(self, sessions: list[Session], expiring: int | None = None) -> None:
-            """Keep ``sessions`` with a timer at the millisecond the first of them can
-            close; ``expiring``: the timer being handled, which Spark deletes after."""
-            for timer in list(self.handle.listTimers()):
-                self.handle.deleteTimer(timer)
-            if not sessions:
-                self.open.clear()
-                return
+        def _keep(self, before: list[Session], sessions: list[Session]) -> None:
+            """Keep ``sessions`` in place of ``before``, with a timer at or before the
+            earliest time one of them can close (``close_timer``).
+
+            A timer that fires before any session can close closes none and is set again
+            (``handleExpiredTimer``); so one is registered only when the earliest close
+            comes sooner than before. A steady user's session grows every micro-batch and
+            its timer stays, where moving it would be two calls to the state store more,
+            each micro-batch, for every active user (make bench)."""
             self.open.put([_to_state(session) for session in sessions])
-            # A session closes once the watermark reaches it (``closed_under``), to the
-            # microsecond; a timer fires (at or behind the watermark) by whole
-            # milliseconds. At the millisecond its end plus gap falls in, it may fire with
-            # nothing to close yet: then the next one, a timer that Spark's deletion of the
-            # one handled does not take with it.
-            timer = min(epoch_ms(session.closes_at(gap)) for session in sessions)
-            self.handle.registerTimer(timer + 1 if timer == expiring else timer)
+            earliest = close_timer(sessions, gap)
+            if not before or earliest < close_timer(before, gap):
+                self.handle.registerTimer(earliest)
 
         def handleInputRows(self, key, rows, timerValues):  # noqa: ANN001, ANN202, N802, N803
             watermark_ms = timerValues.getCurrentWatermarkInMs()
@@ -353,7 +358,7 @@ def _processor(gap: timedelta) -> StatefulProcessor:
             for run in runs(on_time, gap):
                 sessions = absorb(sessions, run, gap)
             if sessions != before:
-                self._store(sessions)
+                self._keep(before, sessions)
             return _frames(late + changes(key[0], before, sessions, watermark_ms))
 
         def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):  # noqa: ANN001, ANN202, N802, N803
@@ -361,8 +366,14 @@ def _processor(gap: timedelta) -> StatefulProcessor:
             watermark = from_epoch_ms(watermark_ms)
             sessions = self._load()
             closed = [s for s in sessions if s.closed_under(watermark, gap)]
-            self._store([s for s in sessions if s not in closed],
-                        expiring=expiredTimerInfo.getExpiryTimeInMs())
+            still_open = [s for s in sessions if s not in closed]
+            if closed and still_open:
+                self.open.put([_to_state(session) for session in still_open])
+            elif closed:
+                self.open.clear()
+            # Spark deletes the timer handled: the next one, at the sessions left.
+            if still_open:
+                self.handle.registerTimer(close_timer(still_open, gap))
             return _frames([session.row(key[0], CLOSED, watermark_ms) for session in closed])
 
         def close(self) -> None:
@@ -371,12 +382,34 @@ def _processor(gap: timedelta) -> StatefulProcessor:
     return OpenSessions()
 
 
+def close_timer(sessions: list[Session], gap: timedelta) -> int:
+    """The millisecond from which the first of ``sessions`` can close: a timer fires once
+    the watermark (whole milliseconds) reaches it, and a session closes once the watermark
+    reaches its end plus the gap to the microsecond (``closed_under``), so the millisecond
+    rounded up."""
+    return -(-min(micros(session.closes_at(gap)) for session in sessions) // 1000)
+
+
+def _processor_in_worker(gap: timedelta) -> StatefulProcessor:
+    """The processor as a Python worker unpickles it: ``arrow_groups``' reader in place of
+    PySpark's, before the worker reads its input."""
+    from spark_jobs.gold import arrow_groups
+
+    arrow_groups.install()
+    return _processor(gap)
+
+
 def _frames(rows: list[tuple]) -> Iterator[pd.DataFrame]:
-    """The processor's rows as the one pandas frame Spark takes them in (none if none)."""
+    """The processor's rows (``PROCESSOR_CHANGE``) as the one pandas frame Spark takes them
+    in (none if none)."""
     import pandas as pd
 
     if rows:
-        yield pd.DataFrame(rows, columns=PROCESSOR_OUTPUT.fieldNames())
+        yield pd.DataFrame({"change": [json.dumps(dict(zip(CHANGE_NAMES, row, strict=True)))
+                                       for row in rows]})
+
+
+CHANGE_NAMES = PROCESSOR_CHANGE.fieldNames()
 
 
 def session_changes(events: DataFrame, mapping: DataFrame, session_gap: str,
@@ -402,12 +435,16 @@ def session_changes(events: DataFrame, mapping: DataFrame, session_gap: str,
                    _processor(timedelta(seconds=interval_seconds(session_gap))),
                    PROCESSOR_OUTPUT, "Append", "EventTime"))
     revenue_type = SCHEMA["revenue"].dataType
-    return changed.select(
+    parsed = changed.select(F.from_json("change", PROCESSOR_CHANGE).alias("c")).select("c.*")
+    return parsed.select(
         "user_id", F.timestamp_micros("session_start_us").alias("session_start"),
         F.timestamp_micros("session_end_us").alias("session_end"),
         "events", "views", "clicks", "purchases",
         (F.col("revenue_cents").cast(revenue_type) / 100).cast(revenue_type).alias("revenue"),
-        "campaigns", "ended_in_purchase", "status", "watermark_ms")
+        # JSON makes every element nullable; the table's are not (none is NULL).
+        F.transform("campaigns", lambda campaign: F.coalesce(campaign, F.lit(""))
+                    ).alias("campaigns"),
+        "ended_in_purchase", "status", "watermark_ms")
 
 
 def latest_per_session(changed: DataFrame) -> DataFrame:
@@ -614,4 +651,9 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
     changes_stream = session_changes(silver.read_stream(spark, settings),
                                      read_table(spark, settings, ad_campaigns.TABLE),
                                      settings.session_gap, settings.watermark_delay)
+    # A continuous run triggers it on its own, slower pace (``sessions_trigger``);
+    # --available-now stays as asked.
+    if "processingTime" in trigger:
+        trigger = {"processingTime": spark_interval(registry.trigger_of(
+            settings, QUERY_NAME, str(trigger["processingTime"])))}
     return start_exactly_once(changes_stream, settings, QUERY_NAME, process, trigger)
