@@ -73,10 +73,22 @@ def _start_layer(spark: SparkSession, settings: Settings, layer: str,
         # while the short jobs of the others wait behind it.
         spark.sparkContext.setLocalProperty(POOL, stream.QUERY_NAME)
         try:
-            queries.append(stream.start(spark, settings, trigger))
+            queries.append(stream.start(spark, settings,
+                                        _own_trigger(settings, stream.QUERY_NAME, trigger)))
         finally:
             spark.sparkContext.setLocalProperty(POOL, None)
     return queries
+
+
+def _own_trigger(settings: Settings, query_name: str, trigger: dict[str, object]
+                 ) -> dict[str, object]:
+    """The trigger a stream runs on in this driver: a processing-time one as the registry
+    gives it for the stream (``registry.trigger_of``: the alert path's own reading Kafka,
+    the sessions' slower one); --available-now as asked."""
+    if "processingTime" not in trigger:
+        return trigger
+    return {"processingTime": spark_interval(registry.trigger_of(
+        settings, query_name, str(trigger["processingTime"])))}
 
 
 def _streams_of(layers: Sequence[str]) -> Iterator[tuple[str, ModuleType]]:

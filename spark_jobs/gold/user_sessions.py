@@ -44,7 +44,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs import registry
 from spark_jobs.config import Settings, interval_seconds, spark_interval
 from spark_jobs.delta_writes import batch_time, idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.faults import crash_point
@@ -107,6 +106,7 @@ PROCESSOR_CHANGE = StructType([
     StructField("status", StringType(), False),
     StructField("watermark_ms", LongType(), False),
 ])
+CHANGE_NAMES = PROCESSOR_CHANGE.fieldNames()
 # What the processor emits: each change as one JSON object (``PROCESSOR_CHANGE``), which the
 # JVM parses. PySpark turns every frame a processor returns into Arrow column by column, at
 # about 0.2 ms a column whatever its rows: twelve columns for each user's one or two rows
@@ -409,9 +409,6 @@ def _frames(rows: list[tuple]) -> Iterator[pd.DataFrame]:
                                        for row in rows]})
 
 
-CHANGE_NAMES = PROCESSOR_CHANGE.fieldNames()
-
-
 def session_changes(events: DataFrame, mapping: DataFrame, session_gap: str,
                     watermark_delay: str) -> DataFrame:
     """The stream of session rows (``CHANGES``) from a stream of silver events."""
@@ -651,9 +648,4 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
     changes_stream = session_changes(silver.read_stream(spark, settings),
                                      read_table(spark, settings, ad_campaigns.TABLE),
                                      settings.session_gap, settings.watermark_delay)
-    # A continuous run triggers it on its own, slower pace (``sessions_trigger``);
-    # --available-now stays as asked.
-    if "processingTime" in trigger:
-        trigger = {"processingTime": spark_interval(registry.trigger_of(
-            settings, QUERY_NAME, str(trigger["processingTime"])))}
     return start_exactly_once(changes_stream, settings, QUERY_NAME, process, trigger)

@@ -216,12 +216,8 @@ def start(spark: SparkSession, settings: Settings, trigger: dict[str, object]
         kafka_topic.ensure_topic(alert_topic_settings(settings))
     else:
         ensure_table(spark, settings, bronze.TABLE)
-    # Reading Kafka, a continuous run polls at the alert path's own pace; reading bronze,
-    # at bronze's (registry.trigger_of); --available-now stays as asked.
-    own_trigger = ({"processingTime": spark_interval(settings.alert_trigger)}
-                   if "processingTime" in trigger and settings.source == "kafka" else trigger)
     # Updates only: a minute's alert is emitted by the batch whose clicks put it over the
     # limit, never by one without data (Spark's, after every batch that moved the watermark,
     # only to drop expired state: about half a second each time).
     return start_exactly_once(stream(spark, settings), settings, QUERY_NAME, raise_alerts,
-                              own_trigger, output_mode="update", batches_without_data=False)
+                              trigger, output_mode="update", batches_without_data=False)
