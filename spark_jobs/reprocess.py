@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
+from pyspark.util import inheritable_thread_target
 
 from spark_jobs import checkpoints, delta_reader, registry
 from spark_jobs.bronze import ad_events as bronze
@@ -37,8 +40,8 @@ from spark_jobs.gold import writer as gold_writer
 from spark_jobs.ops import gold_rebuilds, late_data
 from spark_jobs.progress import SILENT, Steps
 from spark_jobs.range_rebuild import Change, read_current, replace_range, rows_per_date
+from spark_jobs.silver import ad_campaigns, quarantine
 from spark_jobs.silver import ad_events as silver
-from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
 from spark_jobs.tables import TableSpec, ensure_table
 
@@ -334,13 +337,14 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
     started = datetime.now(UTC).replace(tzinfo=None)
     events, version = _read_pinned(spark, settings, silver.TABLE)
     recorded = False
+    recording = threading.Lock()
 
     def record_rebuild() -> None:
         nonlocal recorded
-        if not recorded:
-            ensure_table(spark, settings, gold_rebuilds.TABLE)
-            gold_rebuilds.record(spark, settings, days.days, version)
-            recorded = True
+        with recording:  # the tables' replaces wait for it, whichever comes first
+            if not recorded:
+                gold_rebuilds.record(spark, settings, days.days, version)
+                recorded = True
 
     # A retry per table's commit, each from the snapshot pinned above, so that every commit
     # stands for silver at ``version`` however often one was retried. The record of the
@@ -349,14 +353,24 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
     # must name the version gold was counted from, and precede every replace. The gold
     # batches wait for the whole rebuild, not for each commit (``gold.writer``).
     what = f"gold rebuild of {days}"
-    return [
-        *(retry_on_conflict(lambda table=table: table.rebuild(spark, settings, events, days,
-                                                              dry_run, record_rebuild),
-                            f"{what}: {table.TABLE.name}")
-          for table in _gold_tables()),
-        retry_on_conflict(lambda: late_data.repair(spark, settings, days, started, dry_run),
-                          f"{what}: {late_data.TABLE.name}"),
-    ]
+
+    def rebuilt(table: ModuleType) -> Change:
+        return retry_on_conflict(lambda: table.rebuild(spark, settings, events, days, dry_run,
+                                                       record_rebuild),
+                                 f"{what}: {table.TABLE.name}")
+
+    # The tables side by side: each is a few Spark jobs with driver work between them
+    # (planning, Delta's commit) and stages of a task or two, which the others' tasks fill.
+    tables = _gold_tables()
+    # Created here, if they are not yet, rather than by two of the threads at once.
+    for spec in (ad_campaigns.TABLE, gold_rebuilds.TABLE, *(table.TABLE for table in tables)):
+        ensure_table(spark, settings, spec)
+    with ThreadPoolExecutor(len(tables), thread_name_prefix="gold-rebuild") as pool:
+        futures = [pool.submit(inheritable_thread_target(rebuilt), table) for table in tables]
+        changes = [future.result() for future in futures]
+    return [*changes,
+            retry_on_conflict(lambda: late_data.repair(spark, settings, days, started, dry_run),
+                              f"{what}: {late_data.TABLE.name}")]
 
 
 def _gold_tables() -> list[ModuleType]:
