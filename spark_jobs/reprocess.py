@@ -13,7 +13,8 @@ beside one of its micro-batches (``gold.writer``); and the gold stream does not 
 what a gold rebuild already counted (``ops.gold_rebuilds``).
 
 ``run`` carries out a :class:`Request` (what ``lakehouse reprocess`` is asked); each gold
-table rebuilds itself (its module's ``rebuild``), and this module orders them.
+table rebuilds itself (its module's ``rebuild``), and this module runs them side by side
+from one snapshot of silver, then repairs the late-data ledger.
 """
 
 from __future__ import annotations
