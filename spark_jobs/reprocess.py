@@ -344,6 +344,7 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
         nonlocal recorded
         with recording:  # the tables' replaces wait for it, whichever comes first
             if not recorded:
+                ensure_table(spark, settings, gold_rebuilds.TABLE)  # not in a dry run
                 gold_rebuilds.record(spark, settings, days.days, version)
                 recorded = True
 
@@ -363,8 +364,9 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
     # The tables side by side: each is a few Spark jobs with driver work between them
     # (planning, Delta's commit) and stages of a task or two, which the others' tasks fill.
     tables = _gold_tables()
-    # Created here, if they are not yet, rather than by two of the threads at once.
-    for spec in (ad_campaigns.TABLE, gold_rebuilds.TABLE, *(table.TABLE for table in tables)):
+    # The tables they read, created here if they are not yet (as the rebuilds would), rather
+    # than by two of the threads at once.
+    for spec in (ad_campaigns.TABLE, *(table.TABLE for table in tables)):
         ensure_table(spark, settings, spec)
     with ThreadPoolExecutor(len(tables), thread_name_prefix="gold-rebuild") as pool:
         futures = [pool.submit(inheritable_thread_target(rebuilt), table) for table in tables]
