@@ -41,8 +41,8 @@ from spark_jobs.gold import writer as gold_writer
 from spark_jobs.ops import gold_rebuilds, late_data
 from spark_jobs.progress import SILENT, Steps
 from spark_jobs.range_rebuild import Change, read_current, replace_range, rows_per_date
-from spark_jobs.silver import ad_campaigns, quarantine
 from spark_jobs.silver import ad_events as silver
+from spark_jobs.silver import quarantine
 from spark_jobs.silver.validation import Rules, validate
 from spark_jobs.tables import TableSpec, ensure_table
 
@@ -364,10 +364,6 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
     # The tables side by side: each is a few Spark jobs with driver work between them
     # (planning, Delta's commit) and stages of a task or two, which the others' tasks fill.
     tables = _gold_tables()
-    # The tables they read, created here if they are not yet (as the rebuilds would), rather
-    # than by two of the threads at once.
-    for spec in (ad_campaigns.TABLE, *(table.TABLE for table in tables)):
-        ensure_table(spark, settings, spec)
     with ThreadPoolExecutor(len(tables), thread_name_prefix="gold-rebuild") as pool:
         futures = [pool.submit(inheritable_thread_target(rebuilt), table) for table in tables]
         changes = [future.result() for future in futures]

@@ -58,6 +58,9 @@ def create_statement(spec: TableSpec, settings: Settings) -> str:
 # at and pointed the name to. Jobs ensure a table before each use (the stream runner before
 # every progress flush, a rebuild before every read): after the first, that costs nothing.
 _ENSURED: dict[tuple[str, str], str] = {}
+# Threads of one driver (a gold rebuild's tables side by side) may ask for the same table at
+# once: one creates it, the others then find it.
+_CREATING = threading.Lock()
 
 
 def ensure_table(spark: SparkSession, settings: Settings, spec: TableSpec) -> None:
@@ -71,8 +74,11 @@ def ensure_table(spark: SparkSession, settings: Settings, spec: TableSpec) -> No
     ensured = (spark.sparkContext.applicationId, spec.name)
     if _ENSURED.get(ensured) == path and _log_present(path):
         return
-    _create_and_register(spark, settings, spec)
-    _ENSURED[ensured] = path
+    with _CREATING:
+        if _ENSURED.get(ensured) == path and _log_present(path):
+            return
+        _create_and_register(spark, settings, spec)
+        _ENSURED[ensured] = path
 
 
 def _local_log(path: str) -> str | None:
