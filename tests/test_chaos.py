@@ -18,6 +18,10 @@ from spark_jobs.silver import ad_events as silver
 from spark_jobs.storage import write_atomically
 from tests.conftest import cli_env, lakehouse_command, make_settings
 
+# The battery's own bound: three faults, the jobs under fire, the drain and the proof. The
+# suite's default timeout (600 s) would cut it short on a slow machine before this does.
+BATTERY_SECONDS = 1500
+
 pytestmark = pytest.mark.integration
 
 
@@ -65,6 +69,7 @@ def test_a_kill_at_a_streams_first_offset_write_does_not_block_its_restart(spark
     assert spark.read.format("delta").load(silver.TABLE.path(settings)).count() == 2
 
 
+@pytest.mark.timeout(BATTERY_SECONDS + 60)
 def test_three_kills_lose_and_duplicate_nothing_and_a_damaged_lake_is_caught(spark,
                                                                                tmp_path) -> None:
     root = tmp_path / "lake"
@@ -72,7 +77,7 @@ def test_three_kills_lose_and_duplicate_nothing_and_a_damaged_lake_is_caught(spa
         # Under fire, as make chaos: maintenance (OPTIMIZE, VACUUM at the shortest floor)
         # and reprocessing of today and yesterday run in a loop beside the kills.
         lakehouse_command("chaos", "--root", str(root), "--faults", "3", "--json"),
-        env=cli_env(), capture_output=True, text=True, timeout=1500)
+        env=cli_env(), capture_output=True, text=True, timeout=BATTERY_SECONDS)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     report = json.loads(done.stdout)
     assert report["ok"] and report["lost"] == 0 and report["duplicated"] == 0, report
