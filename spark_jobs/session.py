@@ -59,8 +59,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # The streams' micro-batches plan the same generated code again and again, more of it
         # than Spark's cache of 100 compiled classes holds: under a feed of 1,600 events a
         # second the driver compiled 4,177 classes in 150 s (20 ms each in Janino, then the
-        # JIT's work on each new class), 768 with room for 5,000 (p99 latency 61.8 -> 34.0
-        # s). A static setting: it holds for the session's life.
+        # JIT's work on each new class), 762 with room for 2,000 (p99 latency 61.8 -> 42.3
+        # s, one trial each). A static setting: it holds for the session's life.
         "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
         # The streams share the driver (six since the alert stream), each in a pool of its
         # own (``streaming``): FAIR lets the short jobs of one run beside another's long one
