@@ -21,9 +21,10 @@ and generating costs the machine nothing while it is measured.
   against landing time, after the first minute, is at most ``MAX_SLOPE``: gold counts at
   least 95% of the feed rate), and gold holds every event within ``MAX_BACKLOG_SECONDS`` of
   the last landing. A steady backlog is kept up with; a growing one is not. A trial that
-  falls behind stops early. The first trial runs at the start rate; the second 25% above
-  it if the first kept up, 20% below if not: the highest rate kept up and the lowest not
-  kept up bracket the sustained rate.
+  falls behind stops early. The first trial runs at the start rate; each next one 25%
+  above the last if that kept up, 20% below if not, until a rate kept up and a rate not
+  kept up bracket the sustained rate (at most ``MAX_SUSTAINED_TRIALS``; a run that could
+  not bracket it says so, and its rate kept up is then a lower bound).
 - **Latency**: a third of the sustained rate for ``LATENCY_SECONDS``; p50 and p99 of the
   latencies of the files landed after the first ``WARM_UP_SECONDS``.
 """
@@ -58,6 +59,9 @@ MAX_SLOPE = 0.05  # seconds of latency gained per second of feed
 # in neither the slope nor the latencies.
 WARM_UP_SECONDS = 60
 STEP_UP, STEP_DOWN = 1.25, 0.8
+# Five minutes of feed each (less for one that falls behind early): four trials bracket a
+# sustained rate within 25% from a start anywhere between about half and twice it.
+MAX_SUSTAINED_TRIALS = 4
 POLL_SECONDS = 0.25
 
 
@@ -255,14 +259,32 @@ def _wait(condition: Callable[[], object], what: str, timeout: float = 300) -> N
         time.sleep(POLL_SECONDS)
 
 
+def bracket(try_rate: Callable[[int], dict[str, Any]], start_rate: int,
+            max_trials: int = MAX_SUSTAINED_TRIALS) -> list[dict[str, Any]]:
+    """Sustained trials (``try_rate(rate)``, each saying whether it ``kept_up``) from
+    ``start_rate``: 25% up after one that kept up, 20% down after one that did not, until
+    the rates tried hold one kept up just below one not kept up, or ``max_trials``."""
+    trials = [try_rate(start_rate)]
+    while len(trials) < max_trials and not bracketed(trials):
+        last = trials[-1]
+        trials.append(try_rate(round(last["rate"] * (STEP_UP if last["kept_up"]
+                                                     else STEP_DOWN))))
+    return trials
+
+
+def bracketed(trials: list[dict[str, Any]]) -> bool:
+    """Whether ``trials`` hold a rate kept up below every rate that was not."""
+    kept = [t["rate"] for t in trials if t["kept_up"]]
+    behind = [t["rate"] for t in trials if not t["kept_up"]]
+    return bool(kept and behind and max(kept) < min(behind))
+
+
 def run(spark: SparkSession, settings: Settings, scratch: Path, start_rate: int
         ) -> dict[str, Any]:
-    """Two sustained trials bracketing the sustained rate, then latency at a third of it."""
-    first = trial(spark, settings, scratch, start_rate, SUSTAIN_SECONDS)
-    second = trial(spark, settings, scratch,
-                   round(start_rate * (STEP_UP if first["kept_up"] else STEP_DOWN)),
-                   SUSTAIN_SECONDS)
-    trials = [first, second]
+    """Sustained trials until they bracket the sustained rate (``bracket``), then latency
+    at a third of the highest rate kept up."""
+    trials = bracket(lambda rate: trial(spark, settings, scratch, rate, SUSTAIN_SECONDS),
+                     start_rate)
     kept = [t["rate"] for t in trials if t["kept_up"]]
     behind = [t["rate"] for t in trials if not t["kept_up"]]
     sustained = max(kept) if kept else None
@@ -271,7 +293,12 @@ def run(spark: SparkSession, settings: Settings, scratch: Path, start_rate: int
     return {"trigger_interval": settings.trigger_interval,
             "max_files_per_trigger": settings.max_files_per_trigger,
             "sustained_events_per_second": sustained,
-            "not_sustained_events_per_second": min(behind) if behind else None,
+            # The lowest rate above the sustained one that fell behind: None when every
+            # rate tried kept up (the sustained rate is then at least ``sustained``).
+            "not_sustained_events_per_second": min((rate for rate in behind
+                                                    if sustained is None or rate > sustained),
+                                                   default=None),
+            "bracketed": bracketed(trials),
             "trials": trials, "latency": latency,
             "targets": {"sustained_events_per_second": 15_000, "p99_latency_seconds": 15}}
 
@@ -285,6 +312,13 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"| {name} | {t['rate']:,} | {'yes' if t['kept_up'] else t['fell_behind']}"
                      f" | {t['max_backlog_seconds']} s | {latency['p50']} s "
                      f"| {latency['p99']} s |")
+    sustained, above = (results["sustained_events_per_second"],
+                        results["not_sustained_events_per_second"])
+    if results.get("bracketed"):
+        lines += ["", f"sustained: {sustained:,} events/s kept up, {above:,} not"]
+    else:
+        lines += ["", f"sustained: not bracketed in {len(results['trials'])} trials "
+                      f"(highest kept up: {f'{sustained:,}' if sustained else 'none'})"]
     latency = results["latency"]
     lines += ["", f"stages in the latency trial ({latency['rate']:,} events/s; medians)", "",
               "| stream | batch every | batch ran | records a batch |",

@@ -1,6 +1,7 @@
 """The feed benchmark's arithmetic: a file's latency runs from its landing until gold first
 counts every event up to and including it."""
 
+from spark_jobs import feed_bench
 from spark_jobs.feed_bench import Observations, _percentile
 
 
@@ -29,3 +30,35 @@ def test_percentiles_are_observed_values() -> None:
     # The p-th percentile is the value at rank floor(p * n): 51 for p50, 100 for p99.
     assert _percentile(values, 0.5) == 51.0
     assert _percentile(values, 0.99) == 100.0
+
+
+def _machine_keeping_up_to(capacity: int) -> tuple[list[int], object]:
+    """A fake trial: keeps up with any rate up to ``capacity``; the rates tried, in order."""
+    tried: list[int] = []
+
+    def try_rate(rate: int) -> dict[str, object]:
+        tried.append(rate)
+        return {"rate": rate, "kept_up": rate <= capacity}
+    return tried, try_rate
+
+
+def test_the_search_steps_up_until_a_rate_falls_behind() -> None:
+    tried, try_rate = _machine_keeping_up_to(10_000)
+    trials = feed_bench.bracket(try_rate, 6_000)
+    # 6,000 * 1.25 = 7,500, * 1.25 = 9,375 (all kept up), * 1.25 = 11,719: behind, which
+    # brackets the capacity between the last two.
+    assert tried == [6_000, 7_500, 9_375, 11_719]
+    assert feed_bench.bracketed(trials)
+
+
+def test_the_search_steps_down_from_a_start_above_the_capacity() -> None:
+    tried, try_rate = _machine_keeping_up_to(10_000)
+    assert feed_bench.bracketed(feed_bench.bracket(try_rate, 12_000))
+    assert tried == [12_000, 9_600]  # 12,000 * 0.8: kept up, so bracketed at once
+
+
+def test_the_search_stops_unbracketed_after_its_trials() -> None:
+    tried, try_rate = _machine_keeping_up_to(100_000)
+    trials = feed_bench.bracket(try_rate, 1_000, max_trials=3)
+    assert tried == [1_000, 1_250, 1_562]  # every rate kept up: a lower bound only
+    assert not feed_bench.bracketed(trials)
