@@ -170,6 +170,7 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     file_listing_parallelism: Count
     jars_dir: Annotated[Path, _folder(lambda: default_jars_dir())]
     trigger_interval: Interval
+    table_poll_interval: Interval
     max_files_per_trigger: Count
     landing_cleanup: Literal["archive", "delete", "off"]
     stall_trigger_intervals: Count

@@ -83,11 +83,12 @@ def _start_layer(spark: SparkSession, settings: Settings, layer: str,
 def _own_trigger(settings: Settings, query_name: str, trigger: dict[str, object]
                  ) -> dict[str, object]:
     """The trigger a stream runs on in this driver: a processing-time one as the registry
-    gives it for the stream (``registry.trigger_of``: the alert path's own reading Kafka,
-    the sessions' slower one); --available-now as asked."""
+    gives it for the stream (``registry.poll_of``: the alert path's own reading Kafka, the
+    sessions' slower one, the streams reading the lake's tables polling them sooner);
+    --available-now as asked."""
     if "processingTime" not in trigger:
         return trigger
-    return {"processingTime": spark_interval(registry.trigger_of(
+    return {"processingTime": spark_interval(registry.poll_of(
         settings, query_name, str(trigger["processingTime"])))}
 
 

@@ -137,3 +137,23 @@ def test_each_stream_s_trigger_in_a_continuous_run() -> None:
     # Every other stream: the driver's.
     assert registry.trigger_of(kafka, "gold_campaign_stats", "20 seconds") == "20 seconds"
     assert registry.trigger_of(files, "silver_ad_events") == "5 seconds"
+
+
+def test_streams_reading_the_lake_poll_it_sooner_than_their_trigger() -> None:
+    from spark_jobs import config
+
+    files, kafka = config.load({}), config.load({"source": "kafka"})
+    # Silver and gold's windows and attribution read a table: each looks for its commits
+    # every second (table_poll_interval) instead of at the driver's 5 s tick.
+    for name in ("silver_ad_events", "gold_campaign_stats", "gold_ad_attribution"):
+        assert registry.poll_of(files, name) == "1 second"
+        assert registry.poll_of(kafka, name) == "1 second"
+    # The alert stream reads bronze from the landing zone, the topic (its own 2 s) with Kafka.
+    assert registry.poll_of(files, "ops_alerts") == "1 second"
+    assert registry.poll_of(kafka, "ops_alerts") == "2 seconds"
+    # Bronze and the campaigns read from outside the lake; the sessions keep their minute.
+    assert registry.poll_of(files, "bronze_ad_events") == "5 seconds"
+    assert registry.poll_of(files, "silver_ad_campaigns") == "5 seconds"
+    assert registry.poll_of(files, "gold_user_sessions") == "1 minute"
+    # A driver ticking faster than the poll: its own tick, never a slower one.
+    assert registry.poll_of(files, "silver_ad_events", "500 milliseconds") == "500 milliseconds"
