@@ -498,7 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--layers", help="comma-separated layers, or all (default)")
     stream.add_argument("--available-now", action="store_true",
                         help="process everything present, then exit")
-    stream.add_argument("--trigger", help="micro-batch interval, e.g. 5s (continuous mode)")
+    stream.add_argument("--trigger",
+                        help="micro-batch interval, e.g. 5s (continuous mode); the streams "
+                             "reading a table of the lake look for its commits every "
+                             "table_poll_interval where that is shorter")
 
     stop = verb("stop", cmd_stop,
                 "stop every running stream of the root at a batch boundary (for upgrades)")

@@ -291,6 +291,7 @@ def run(spark: SparkSession, settings: Settings, scratch: Path, start_rate: int
     latency = trial(spark, settings, scratch, round((sustained or min(behind)) / 3),
                     LATENCY_SECONDS)
     return {"trigger_interval": settings.trigger_interval,
+            "table_poll_interval": settings.table_poll_interval,
             "max_files_per_trigger": settings.max_files_per_trigger,
             "sustained_events_per_second": sustained,
             # The lowest rate above the sustained one that fell behind: None when every

@@ -176,11 +176,12 @@ def streams() -> list[Table]:
 
 
 def trigger_of(settings: Settings, query_name: str, driver_trigger: str | None = None) -> str:
-    """The processing-time trigger ``query_name`` runs on continuously, in a driver whose
-    streams trigger every ``driver_trigger`` (default ``trigger_interval``). A stream on a
-    setting of its own that applies where it reads Kafka takes it there, and the driver's
-    otherwise, since a stream reading a table of the lake cannot be faster than the stream
-    writing it: polling it faster only takes cores from the other streams. One whose own
+    """The trigger ``query_name`` keeps pace with continuously, in a driver whose streams
+    trigger every ``driver_trigger`` (default ``trigger_interval``): what the heartbeat
+    reports and Stream health judges the stream by. A stream on a setting of its own that
+    applies where it reads Kafka takes it there, and the driver's otherwise, since a stream
+    reading a table of the lake runs no more batches than the stream writing it commits (it
+    polls the table sooner, ``poll_of``, which is what Spark runs it on). One whose own
     applies where it is longer takes the longer of the two."""
     from spark_jobs.config import interval_seconds
 

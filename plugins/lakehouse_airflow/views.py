@@ -34,7 +34,9 @@ STREAMS: tuple[str, ...] = registry.query_names()
 # the attribution join; the one campaign stats applies itself in ``foreachBatch``).
 WINDOWED = frozenset(str(table.stream) for table in registry.streams() if table.windowed)
 # Spark's own definition of falling behind is a batch taking longer than the trigger
-# interval; one slow batch (a compaction, a catch-up after a restart) is not a trend.
+# interval (``registry.trigger_of``, not the table poll: a stream reading the lake runs one
+# batch per commit it reads); one slow batch (a compaction, a catch-up after a restart) is
+# not a trend.
 FALLING_BEHIND_BATCHES = 3
 # Spark reports this watermark before a stream has seen any event.
 NO_WATERMARK = datetime(1970, 1, 1, tzinfo=UTC)

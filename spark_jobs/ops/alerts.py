@@ -14,7 +14,8 @@ miss them. Each record goes through silver's own ``validate``, so a click counts
 exactly when silver will keep it; deliveries of one ``event_id`` count once (Spark's
 deduplication within ``alert_watermark_delay``), and each minute's count is Spark's
 windowed aggregation in its RocksDB state, emitted whenever it grows (update mode), with a
-processing-time trigger of its own (``alert_trigger``).
+processing-time trigger of its own where it reads Kafka (``alert_trigger``; reading bronze,
+``table_poll_interval``).
 
 Delivery: at least once. A micro-batch publishes its new alerts to the Kafka topic
 ``alert_topic`` (when the source is Kafka) and then appends them to ``ops.alerts`` once
