@@ -269,7 +269,7 @@ def _run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[
             if watch_topic:
                 bronze.check_topic_unchanged(settings)
             recorder.flush(spark, settings, queries)
-            heartbeat.beat(settings, layers, queries,
+            heartbeat.beat(settings, layers, queries, trigger_interval,
                            rebuilding=_rebuilding(by_layer.get(gold_writer.LAYER, [])))
             stop.wait(PROGRESS_FLUSH_SECONDS)
             if _stop_requested_since(settings, started):
@@ -285,7 +285,7 @@ def _run_continuously(spark: SparkSession, settings: Settings, layers: Sequence[
             stop_at_batch_boundary(query, patience)
         recorder.flush(spark, settings, queries)
     _raise_if_failed(queries)
-    heartbeat.beat(settings, layers, queries, stopped=True)
+    heartbeat.beat(settings, layers, queries, trigger_interval, stopped=True)
 
 
 def _rebuilding(gold_queries: Sequence[StreamingQuery]) -> dict[str, object] | None:

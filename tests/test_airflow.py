@@ -334,12 +334,12 @@ def test_one_driver_per_stream_and_a_graceful_stop(tmp_path) -> None:
 
 
 def write_heartbeat(settings, *, written_at: datetime, progress_at: datetime,
-                    stopped: bool = False) -> None:
+                    stopped: bool = False, trigger: str = "5 seconds") -> None:
     path = heartbeat.heartbeat_file(settings, ["silver"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "pid": os.getpid(), "layers": ["silver"], "written_at": written_at.isoformat(),
-        "stopped": stopped, "trigger_interval": "5 seconds",
+        "stopped": stopped, "trigger_interval": trigger,
         "queries": {"silver_ad_events": {"last_progress_at": progress_at.isoformat(),
                                          "batch_id": 7, "active": True}}}))
 
@@ -357,6 +357,21 @@ def test_health_verdicts(tmp_path) -> None:
         write_heartbeat(settings, written_at=now, progress_at=now - timedelta(minutes=3))
         assert ["stream silver_ad_events stalled" in problem
                 for problem in heartbeat.health(settings, now).problems] == [True]
+        # A driver on a trigger of its own (lakehouse stream --trigger "1 minute") is given
+        # 24 of its intervals: 3 minutes without progress is 3 triggers, not a stall...
+        write_heartbeat(settings, written_at=now, progress_at=now - timedelta(minutes=3),
+                        trigger="1 minute")
+        assert heartbeat.health(settings, now).problems == []
+        # ...and 25 minutes is.
+        write_heartbeat(settings, written_at=now, progress_at=now - timedelta(minutes=25),
+                        trigger="1 minute")
+        assert ["stream silver_ad_events stalled" in problem
+                for problem in heartbeat.health(settings, now).problems] == [True]
+        # A quicker one keeps the configured limit: a driver is never restarted for a
+        # batch that limit allows.
+        write_heartbeat(settings, written_at=now, progress_at=now - timedelta(seconds=90),
+                        trigger="1 second")
+        assert heartbeat.health(settings, now).problems == []
     # No driver holds the lease, and it never said it stopped: it died.
     assert heartbeat.health(settings, now).problems == [
         "the driver of silver exited without a stop request"]

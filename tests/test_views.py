@@ -321,3 +321,43 @@ def test_the_supervisors_verdict_excuses_only_the_queries_waiting_for_a_rebuild(
     stalled = {problem.split()[1] for problem in problems if "stalled" in problem}
     assert stalled == {"bronze_ad_events", "silver_ad_events", "silver_ad_campaigns",
                        "ops_alerts"}
+
+
+class RunningQuery:
+    """What ``heartbeat.beat`` reads of a running Spark query."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.isActive = name, True
+        self.lastProgress = {"timestamp": "2026-11-05T11:59:57.000Z", "batchId": 9}
+
+
+def test_a_driver_on_a_trigger_of_its_own_is_judged_by_it(tmp_path) -> None:
+    # lakehouse stream --trigger "1 minute": the heartbeat carries the driver's trigger, not
+    # the configured 5 s, and each stream's own where it has one that is longer.
+    settings = make_settings(tmp_path / "lake")
+    names = ["silver_ad_events", "gold_user_sessions"]
+    heartbeat.beat(settings, ["silver", "gold"], [RunningQuery(name) for name in names],
+                   "1 minute")
+    written = json.loads(heartbeat.heartbeat_file(settings, ["silver", "gold"]).read_text())
+    assert written["trigger_interval"] == "1 minute"
+    assert {name: written["queries"][name]["trigger_interval"] for name in names} == {
+        "silver_ad_events": "1 minute", "gold_user_sessions": "1 minute"}
+    # Its silver batches of 7 s every minute keep up, though they would be behind a 5 s
+    # trigger; and its last progress 3 minutes ago is 3 triggers, not a stall (the
+    # configured limit is 2 minutes: 24 intervals of 5 s).
+    on_a_minute = beat(progress_ago=180)
+    on_a_minute["trigger_interval"] = "1 minute"
+    for query in on_a_minute["queries"].values():
+        query["trigger_interval"] = "1 minute"
+    slow = [batch("silver_ad_events", 18 + n, 150 - 60 * n, batch_duration_ms=7000)
+            for n in range(3)]
+    statuses = statuses_by_name(snapshot(progress=healthy_progress() + slow,
+                                         heartbeats=[on_a_minute]))
+    assert statuses["silver_ad_events"].state == "running"
+    assert {status.state for status in statuses.values()} == {"running"}
+    # The same heartbeat on the configured 5 s would be a stall.
+    on_a_minute["trigger_interval"] = "5 seconds"
+    statuses = statuses_by_name(snapshot(progress=healthy_progress() + slow,
+                                         heartbeats=[on_a_minute]))
+    assert statuses["silver_ad_events"].state.startswith("stalled since")
+

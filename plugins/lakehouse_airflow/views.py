@@ -60,6 +60,8 @@ class Snapshot:
     heartbeats: list[dict[str, Any]]  # the drivers' heartbeat files
     live_layers: frozenset[str]  # layers whose lease a running driver holds
     problems: list[str]  # the drivers' health verdict (``heartbeat.health``)
+    # How long a driver on the configured trigger may go without progress (a driver on a
+    # trigger of its own, ``lakehouse stream --trigger``, is judged by that one).
     stall_after: timedelta
     trigger_interval: str  # the configured one, for drivers whose heartbeat has none
     root: str = ""
@@ -169,12 +171,12 @@ def _interval_ms(text: str | None, fallback: str) -> float:
 
 
 def _falling_behind(batches: Sequence[dict[str, Any]], interval_ms: float,
-                    snapshot: Snapshot) -> bool:
+                    snapshot: Snapshot, stall_after: timedelta) -> bool:
     """Its last batches each took longer than the trigger interval, and still do."""
     recent = batches[:FALLING_BEHIND_BATCHES]
     latest_at = _utc(recent[0]["batch_at"]) if recent else None
     return (len(recent) == FALLING_BEHIND_BATCHES and latest_at is not None
-            and snapshot.now - latest_at <= snapshot.stall_after
+            and snapshot.now - latest_at <= stall_after
             and all((row["batch_duration_ms"] or 0) > interval_ms for row in recent))
 
 
@@ -191,17 +193,20 @@ def _state(stream: str, batches: Sequence[dict[str, Any]], snapshot: Snapshot
         return "driver exited without a stop request", "bad"
     if not query.get("active"):
         return "not active", "bad"
+    stall_after = heartbeat.stall_after_beat(snapshot.stall_after, snapshot.trigger_interval,
+                                             beat)
     written = heartbeat.parse_time(beat.get("written_at"))
-    if written is None or snapshot.now - written > snapshot.stall_after:
+    if written is None or snapshot.now - written > stall_after:
         return "driver stopped beating", "bad"
     progressed = heartbeat.last_progress(beat, stream)
     if progressed is None:
         return "not started yet", "warn"  # the driver is up; Spark has not reported yet
-    if snapshot.now - progressed > snapshot.stall_after:
+    if snapshot.now - progressed > stall_after:
         waiting = heartbeat.waiting_for_rebuild(beat, stream)
         return (waiting, "warn") if waiting else (f"stalled since {_when(progressed)}", "bad")
     trigger = query.get("trigger_interval") or beat.get("trigger_interval")
-    if _falling_behind(batches, _interval_ms(trigger, snapshot.trigger_interval), snapshot):
+    if _falling_behind(batches, _interval_ms(trigger, snapshot.trigger_interval), snapshot,
+                       stall_after):
         return "falling behind", "bad"
     return ("running" if batches else "running, no data yet"), "ok"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spark_jobs import registry, storage
-from spark_jobs.config import Settings, interval_seconds
+from spark_jobs.config import ConfigError, Settings, interval_seconds
 from spark_jobs.ops.leases import driver
 
 if TYPE_CHECKING:
@@ -38,10 +38,13 @@ def _now() -> datetime:
 
 
 def beat(settings: Settings, layers: Sequence[str], queries: Iterable[StreamingQuery],
-         stopped: bool = False, rebuilding: dict[str, object] | None = None) -> None:
-    """Write the driver's heartbeat atomically (write, then rename). ``rebuilding``: the
-    latest gold rebuild this driver ran (``days``, ``since``, ``ended`` or None while it
-    runs) and the ``queries`` that wait for it: busy, not stalled."""
+         trigger_interval: str, stopped: bool = False,
+         rebuilding: dict[str, object] | None = None) -> None:
+    """Write the driver's heartbeat atomically (write, then rename). ``trigger_interval``:
+    the driver's own (``lakehouse stream --trigger`` may differ from the configured one),
+    which its streams are judged by. ``rebuilding``: the latest gold rebuild this driver
+    ran (``days``, ``since``, ``ended`` or None while it runs) and the ``queries`` that
+    wait for it: busy, not stalled."""
     entries = {}
     for query in queries:
         progress = query.lastProgress
@@ -50,14 +53,14 @@ def beat(settings: Settings, layers: Sequence[str], queries: Iterable[StreamingQ
             "batch_id": progress["batchId"] if progress else None,
             "active": query.isActive,
             # A stream on a trigger of its own (the alert path's) is judged by that one.
-            "trigger_interval": (registry.trigger_of(settings, query.name)
+            "trigger_interval": (registry.trigger_of(settings, query.name, trigger_interval)
                                  if query.name in registry.query_names()
-                                 else settings.trigger_interval),
+                                 else trigger_interval),
         }
     path = heartbeat_file(settings, layers)
     storage.write_atomically(path.parent, path.name, json.dumps(
         {"pid": os.getpid(), "layers": list(layers), "written_at": _now().isoformat(),
-         "stopped": stopped, "trigger_interval": settings.trigger_interval,
+         "stopped": stopped, "trigger_interval": trigger_interval,
          "queries": entries, "rebuilding": rebuilding}).encode())
 
 
@@ -99,8 +102,24 @@ class Health:
 
 
 def stall_after(settings: Settings) -> timedelta:
+    """How long a driver on the configured trigger may go without a heartbeat, and its
+    streams without progress, before they count as stalled."""
     seconds = interval_seconds(settings.trigger_interval) * settings.stall_trigger_intervals
     return timedelta(seconds=max(seconds, MIN_STALL_SECONDS))
+
+
+def stall_after_beat(configured: timedelta, configured_trigger: str, heartbeat: dict
+                     ) -> timedelta:
+    """The stall limit of the driver that wrote ``heartbeat``: ``configured`` (the limit on
+    ``configured_trigger``) scaled up to the trigger that driver runs on, if longer
+    (``lakehouse stream --trigger``); never shorter, so a driver on a quicker trigger is not
+    restarted for a batch the configured limit allows."""
+    try:
+        scale = (interval_seconds(heartbeat.get("trigger_interval") or configured_trigger)
+                 / interval_seconds(configured_trigger))
+    except ConfigError:  # a heartbeat from another version of the project
+        return configured
+    return max(configured, configured * scale)
 
 
 def heartbeats(settings: Settings) -> list[dict]:
@@ -119,12 +138,13 @@ def live_drivers(settings: Settings) -> list[dict[str, object]]:
 def health(settings: Settings, now: datetime | None = None) -> Health:
     """The verdict over every driver's heartbeat under the root."""
     now = now or _now()
-    limit = stall_after(settings)
+    configured = stall_after(settings)
     problems: list[str] = []
     beats = heartbeats(settings)
     running = False
     for heartbeat in beats:
         layers = heartbeat["layers"]
+        limit = stall_after_beat(configured, settings.trigger_interval, heartbeat)
         alive = any(driver(settings, layer) for layer in layers)
         running = running or alive
         if heartbeat["stopped"]:
