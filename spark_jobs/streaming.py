@@ -65,9 +65,17 @@ def parse_layers(text: str | None) -> list[str]:
 
 def _start_layer(spark: SparkSession, settings: Settings, layer: str,
                  trigger: dict[str, object]) -> list[StreamingQuery]:
+    return start_streams(spark, settings, registry.query_names(layer), trigger)
+
+
+def start_streams(spark: SparkSession, settings: Settings, query_names: Iterable[str],
+                  trigger: dict[str, object]) -> list[StreamingQuery]:
+    """The streams named, each on its own trigger (``_own_trigger``) in a scheduler pool of
+    its own, in the order they are given."""
+    modules = {table.stream: table.module for table in registry.streams()}
     queries = []
-    for module in LAYERS[layer]:
-        stream = importlib.import_module(module)
+    for name in query_names:
+        stream = importlib.import_module(modules[name])
         # A scheduler pool per stream (a query runs its jobs in the pool set where it
         # starts): under FAIR scheduling, a long job of one stream does not hold every core
         # while the short jobs of the others wait behind it.

@@ -5,9 +5,10 @@ checkpoint at the end."""
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 from spark_jobs.gold import ad_attribution, campaign_stats
-from spark_jobs.gold_growth_bench import ROWS_PER_HISTORY_FILE, grow
+from spark_jobs.gold_growth_bench import ROWS_PER_HISTORY_FILE, _batch_over, _last_batch_read, grow
 from spark_jobs.silver import ad_events as silver
 from spark_jobs.tables import ensure_table
 
@@ -78,3 +79,18 @@ def test_the_history_is_committed_in_time_order_a_file_a_moment(spark, settings)
         moments.append(stats["minValues"]["event_time"])
     # ISO times of one zone order as text; strictly later with each commit.
     assert moments == sorted(set(moments)) and len(moments) == 40
+
+
+def test_a_round_waits_for_the_batch_after_the_last_that_read_rows() -> None:
+    # Spark's progress of an idle stream carries the id its next batch will run under:
+    # batch 3 read rows, then the stream idled (progress "4", no rows), then batch 4 read
+    # the round's append. Taking the idle progress's 4 as the last batch, the round waited
+    # for a batch 5 that never came (make bench's gold growth part, cut at 600 s).
+    ran = [{"batchId": 3, "numInputRows": 2000}, {"batchId": 4, "numInputRows": 0}]
+    stream = SimpleNamespace(recentProgress=ran)
+    before_the_round = _last_batch_read(stream)
+    assert before_the_round == 3
+    assert _batch_over(stream, before_the_round) is None  # nothing read since
+    ran.append({"batchId": 4, "numInputRows": 2000})
+    assert _batch_over(stream, before_the_round) == ran[-1]
+    assert _last_batch_read(SimpleNamespace(recentProgress=[])) == -1  # before any batch
