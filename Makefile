@@ -9,16 +9,20 @@ BROKER    := .cache/jars/kafka-broker/.complete
 CLASSES   := .cache/jars/classes.jsa
 LOGSTORE  := .cache/jars/lakehouse-logstore.jar
 VALIDATION := .cache/jars/lakehouse-validation.jar
-BROWSER   := .cache/.chromium
-POSTGRES  := .cache/.postgresql
-COMPOSE   := .cache/.docker-compose
+DEBIAN    := .cache/.debian-packages
+MAVEN     := .cache/.maven-resolved
 S3SERVER  := .cache/s3-server/.complete
 ROOT      ?= data
 
-.PHONY: setup test lint run run-once bench chaos clean
+.PHONY: setup setup-parts test lint run run-once bench chaos clean
 
-setup: $(INSTALLED) $(JARS) $(LOGSTORE) $(VALIDATION) $(BROKER) $(CLASSES) $(BROWSER) \
-	$(POSTGRES) $(COMPOSE) $(S3SERVER)
+# The parts are mostly downloads that do not wait for each other (PyPI, Maven Central,
+# Debian's archive): make fetches them side by side, each part's output kept together.
+setup:
+	@$(MAKE) --no-print-directory --jobs=4 --output-sync=target setup-parts
+
+setup-parts: $(INSTALLED) $(JARS) $(LOGSTORE) $(VALIDATION) $(BROKER) $(CLASSES) $(DEBIAN) \
+	$(S3SERVER)
 
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +30,13 @@ $(INSTALLED): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --constraint constraints.txt --editable '.[dev]'
 	touch $@
 
-$(JARS): jars/pom.xml $(INSTALLED)
+# Maven's own cache filled first, without waiting for the venv: the copies below then
+# download nothing.
+$(MAVEN): jars/pom.xml jars/kafka-broker/pom.xml
+	mvn -q -B -f jars/pom.xml dependency:resolve
+	mvn -q -B -f jars/kafka-broker/pom.xml dependency:resolve
+	mkdir -p $(dir $@) && touch $@
+$(JARS): jars/pom.xml $(INSTALLED) $(MAVEN)
 	scripts/fetch-jars.sh jars/pom.xml .cache/jars $(BIN)/python
 
 # The project's Java, each folder of jars/ with a src/ into lakehouse-<folder>.jar: Delta's
@@ -57,21 +67,14 @@ JAVA_BINARY := $(realpath $(shell command -v java))
 $(CLASSES): $(INSTALLED) $(JARS) $(LOGSTORE) $(VALIDATION) $(JAVA_BINARY)
 	$(BIN)/python -m spark_jobs.class_archive
 
-# The data quality report is tested in a real headless browser: Debian's chromium.
-$(BROWSER):
-	scripts/install-debian.sh chromium /usr/bin/chromium
-	mkdir -p $(dir $@) && touch $@
-
-# Debian's PostgreSQL server for `lakehouse services start postgres` (Airflow's database in
-# production; the Airflow DAG tests run on it).
-$(POSTGRES):
-	scripts/install-debian.sh postgresql '/usr/lib/postgresql/*/bin/postgres'
-	mkdir -p $(dir $@) && touch $@
-
-# Debian's docker-compose checks docker/compose.yaml against Compose's schema without a
-# Docker engine (tests/test_docker.py); nothing runs a container.
-$(COMPOSE):
-	scripts/install-debian.sh docker-compose /usr/bin/docker-compose
+# Debian's packages, in one install: chromium (the data quality report and the Airflow UI are
+# tested in a real headless browser), PostgreSQL's server (`lakehouse services start
+# postgres`: Airflow's database in production; the Airflow DAG tests run on it) and
+# docker-compose (checks docker/compose.yaml against Compose's schema without a Docker
+# engine, tests/test_docker.py; nothing runs a container).
+$(DEBIAN): scripts/install-debian.sh
+	scripts/install-debian.sh chromium /usr/bin/chromium \
+		postgresql '/usr/lib/postgresql/*/bin/postgres' docker-compose /usr/bin/docker-compose
 	mkdir -p $(dir $@) && touch $@
 
 lint: $(INSTALLED)
