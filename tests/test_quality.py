@@ -419,6 +419,24 @@ def test_the_ui_plugin_serves_the_latest_report_and_its_data_docs_to_logged_in_u
     assert served["escape"] == 404  # nothing outside the reports folder
 
 
+def test_every_span_of_runs_gets_a_few_readable_ticks_without_a_warning() -> None:
+    import warnings
+
+    import pandas as pd
+
+    # From one minute of runs to two years: matplotlib's own choice warned for four days
+    # (five daily ticks were too few for its minimum, hourly ones too many) and drew nine.
+    for span in ("1min", "2h", "1D", "3D", "4D", "5D", "10D", "45D", "730D"):
+        runs = pd.DataFrame({"run_at": [pd.Timestamp("2026-11-20"),
+                                        pd.Timestamp("2026-11-20") + pd.Timedelta(span)],
+                             "suite": ["silver.ad_events"] * 2, "status": ["passed"] * 2})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            svg = plots.suite_history_chart(runs)
+        ticks = re.findall(r'<g id="xtick_\d+">', svg)
+        assert 2 <= len(ticks) <= 8, (span, len(ticks))
+
+
 def test_a_lone_run_is_plotted_on_hours_not_years() -> None:
     import pandas as pd
 

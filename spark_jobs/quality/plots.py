@@ -50,7 +50,10 @@ def _time_axis(axes) -> None:  # noqa: ANN001
     if low <= high and high - low < MIN_TIME_SPAN_DAYS:
         middle = (low + high) / 2
         axes.set_xlim(middle - MIN_TIME_SPAN_DAYS / 2, middle + MIN_TIME_SPAN_DAYS / 2)
-    locator = mdates.AutoDateLocator(maxticks=8)
+    # At least three ticks, not matplotlib's five: over three to five days five daily ticks
+    # do not fit, hourly ones need more than eight, and the locator warned in every report
+    # ("unable to pick an appropriate interval") before falling back to nine ticks.
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
     axes.xaxis.set_major_locator(locator)
     axes.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
 
