@@ -448,3 +448,41 @@ def test_a_lone_run_is_plotted_on_hours_not_years() -> None:
     labels = re.findall(r"<!-- (.*?) -->", svg)
     assert "01:00" in labels, labels
     assert not {"2025", "2026", "2027", "2028", "2029"} & set(labels), labels
+
+
+def test_an_unexpected_rows_query_runs_once_and_still_counts_every_row(spark, monkeypatch
+                                                                       ) -> None:
+    import great_expectations as gx
+    from great_expectations.constants import MAX_RESULT_RECORDS
+    from pyspark.sql import SparkSession
+
+    from spark_jobs.quality import unexpected_rows  # noqa: F401 (registers the metrics)
+
+    queries: list[str] = []
+    plain_sql = SparkSession.sql
+
+    def counted_sql(self, query, *args, **kwargs):
+        if "tmp_view" in query:  # the expectations' queries, not Great Expectations' own
+            queries.append(query)
+        return plain_sql(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(SparkSession, "sql", counted_sql)
+    gx_context = gx.get_context(mode="ephemeral")
+    asset = gx_context.data_sources.add_spark("numbers").add_dataframe_asset("numbers")
+    batch = asset.add_batch_definition_whole_dataframe("all").get_batch(
+        batch_parameters={"dataframe": spark.range(1000)})
+
+    def check(query: str) -> tuple[bool, int, int]:
+        result = batch.validate(gx.expectations.UnexpectedRowsExpectation(
+            unexpected_rows_query=query), result_format="COMPLETE")
+        return (result.success, result.result["observed_value"],
+                len(result.result["details"]["unexpected_rows"]))
+
+    # id < 0 matches none of 0..999, id < 3 three rows, id < 250 more rows than the sample
+    # keeps (200): its count must still be 250, from a second query that counts them all.
+    assert check("SELECT id FROM {batch} WHERE id < 0") == (True, 0, 0)
+    assert check("SELECT id FROM {batch} WHERE id < 3") == (False, 3, 3)
+    assert len(queries) == 2, queries  # one query each, where Great Expectations runs two
+    assert MAX_RESULT_RECORDS == 200
+    assert check("SELECT id FROM {batch} WHERE id < 250") == (False, 250, 200)
+    assert len(queries) == 4, queries

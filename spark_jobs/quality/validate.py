@@ -111,6 +111,8 @@ def context(settings: Settings) -> AbstractDataContext:
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
+    from spark_jobs.quality import unexpected_rows  # noqa: F401 (its import registers the metrics)
+
     gx_context = gx.get_context(mode="file", project_root_dir=gx_home(settings))
     gx_context.variables.progress_bars = ProgressBarsConfig(globally=False)
     gx_context.update_data_docs_site(DOCS_SITE, {
