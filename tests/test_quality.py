@@ -76,6 +76,28 @@ def test_a_date_range_leaves_out_the_whole_table_checks(settings) -> None:
                     date(2026, 11, 2)).document)
 
 
+def test_a_snapshot_caches_only_the_columns_its_suite_reads(settings) -> None:
+    columns = bronze.SCHEMA.fieldNames()
+    # Bronze's suite names bronze_id (unique), source (in set) and ingested_at (freshness,
+    # volume); the raw text, the widest column, is read by none of them.
+    assert suites.load(settings, "bronze.ad_events").columns_read(columns) == [
+        "bronze_id", "source", "ingested_at"]
+
+    def reading(query: str) -> list[str]:
+        suite = suites.Suite("bronze.ad_events", "", "ingest_date", {"expectations": [
+            {"type": "unexpected_rows_expectation",
+             "kwargs": {"unexpected_rows_query": query}}]})
+        return suite.columns_read(columns)
+
+    # count(*) and a product name no column; names match whole words, in any case.
+    assert reading("SELECT count(*) FROM {batch} HAVING 0.2 * count(*) > 1") == []
+    assert reading("SELECT Source FROM {batch} WHERE raw_length > 1") == ["source"]
+    # A query that selects every column needs them all.
+    for query in ("SELECT * FROM {batch}", "SELECT b.* FROM {batch} b",
+                  "SELECT {batch}.* FROM {batch}", "SELECT 1 AS one, * FROM {batch}"):
+        assert reading(query) == columns, query
+
+
 def test_an_unknown_suite_or_placeholder_is_a_clear_error(settings) -> None:
     with pytest.raises(ConfigError, match="no expectation suite for gold.nope"):
         suites.load(settings, "gold.nope")

@@ -17,6 +17,7 @@ threshold lives once, in the configuration.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import date
 from string import Template
@@ -29,6 +30,8 @@ CRITICAL = "critical"
 WARNING = "warning"
 # The whole table, when no range is given.
 ALL_DATES = (date(1970, 1, 1), date(9999, 12, 31))
+# A query that selects every column of a relation: `SELECT *`, `t.*`, `{batch}.*`.
+_EVERY_COLUMN = re.compile(r"(?:\bSELECT\s+(?:DISTINCT\s+)?|,\s*|[\w}`]\.)\*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,16 @@ class Suite:
     @property
     def expectations(self) -> list[dict[str, Any]]:
         return self.document["expectations"]
+
+    def columns_read(self, columns: list[str]) -> list[str]:
+        """The ``columns`` of the table that the expectations may read: those they name,
+        or all of them when a query selects ``*``. A suite's snapshot caches only these, so
+        a wide column no expectation reads (bronze's raw text) is neither read nor cached."""
+        kwargs = json.dumps([e.get("kwargs", {}) for e in self.expectations])
+        if _EVERY_COLUMN.search(kwargs):
+            return columns
+        return [c for c in columns
+                if re.search(rf"(?<![\w$]){re.escape(c)}(?![\w$])", kwargs, re.IGNORECASE)]
 
 
 def available(settings: Settings) -> list[str]:

@@ -265,7 +265,8 @@ def validate(spark: SparkSession, settings: Settings, tables: list[str],
     for table in tables:
         steps.advance(0, table)
         suite = suites.load(settings, table, first, last, values)
-        frame = snapshot(spark, settings, suite, first, last, cut.version_of(table)).persist()
+        frame = snapshot(spark, settings, suite, first, last, cut.version_of(table))
+        frame = frame.select(*suite.columns_read(frame.columns)).persist()
         try:
             run.verdicts.append(_validate_table(gx_context, source, settings, suite, frame,
                                                 run))
