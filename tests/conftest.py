@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -26,6 +27,15 @@ VENV_BIN = Path(sys.executable).parent
 # process's object-store readers at their store, which a test may have set otherwise.)
 SUITE_JAVA_OPTIONS = (f"{config.load(environ={}).spark_java_options} "
                       "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=512m")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave the root logger without the handlers the run gave it (importing Airflow
+    configures it), which write to pytest's captured streams, closed by now: py4j's
+    connections, collected as the interpreter exits, would log their close to them."""
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
 
 
 def make_settings(root: Path, **overrides: object) -> Settings:
