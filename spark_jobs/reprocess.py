@@ -365,7 +365,9 @@ def rebuild_gold(spark: SparkSession, settings: Settings, days: DateRange, dry_r
     # (planning, Delta's commit) and stages of a task or two, which the others' tasks fill.
     tables = _gold_tables()
     with ThreadPoolExecutor(len(tables), thread_name_prefix="gold-rebuild") as pool:
-        futures = [pool.submit(inheritable_thread_target(rebuilt), table) for table in tables]
+        # Each thread carries the session's local properties and tags (what cancels its jobs).
+        in_session = inheritable_thread_target(spark)
+        futures = [pool.submit(in_session(rebuilt), table) for table in tables]
         changes = [future.result() for future in futures]
     return [*changes,
             retry_on_conflict(lambda: late_data.repair(spark, settings, days, started, dry_run),
