@@ -143,6 +143,36 @@ def test_the_batch_recomputation_on_inline_data(spark) -> None:
     assert just_before[("u-1", at(0))] == OPEN
 
 
+def test_the_batch_sessions_are_the_ones_session_window_makes(spark) -> None:
+    """``user_sessions`` numbers runs with window functions (faster); Spark SQL's
+    ``session_window`` is the reference meaning. Steps between a user's events drawn at
+    and around the gap (a microsecond either side, exactly it) and at zero (ties)."""
+    draw = random.Random(11)
+    steps = [timedelta(0), GAP - timedelta(microseconds=1), GAP,
+             GAP + timedelta(microseconds=1), timedelta(minutes=7), timedelta(hours=2)]
+    rows, number = [], 0
+    for user in ("u-1", "u-2", "u-3"):
+        moment = at(0)
+        for _ in range(40):
+            moment += draw.choice(steps)
+            number += 1
+            rows.append((f"e-{number:03}", moment, draw.choice(("view", "click")), user,
+                         "ad-1", None))
+    events = silver_frame(spark, rows)
+    ours = user_sessions.user_sessions(events, mapping(spark, [("ad-1", "c-1", EPOCH)]),
+                                       "30 minutes", None)
+    reference = (events.groupBy("user_id", F.session_window("event_time", "30 minutes"))
+                 .agg(F.min("event_time").alias("session_start"),
+                      F.max("event_time").alias("session_end"), F.count("*").alias("events")))
+    sessions = {tuple(row) for row in ours.select(*reference.columns[2:], "user_id").collect()}
+    expected = {tuple(row) for row in
+                reference.select(*reference.columns[2:], "user_id").collect()}
+    assert sessions == expected
+    # The draw made sessions split at a step over the gap and kept whole at one of it:
+    # fewer sessions than events, more than users.
+    assert 3 < len(sessions) < len(rows)
+
+
 def test_a_session_closes_once_the_watermark_reaches_its_end_plus_the_gap() -> None:
     session = event(20)
     # Reached: an event on time is after the watermark, more than the gap after 12:20.

