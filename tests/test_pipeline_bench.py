@@ -3,7 +3,11 @@
 import subprocess
 import sys
 
+import pytest
+
+from spark_jobs.bench import _part, render_durations
 from spark_jobs.pipeline_bench import _covered_seconds
+from spark_jobs.progress import SILENT
 
 
 def test_a_layer_s_time_counts_side_by_side_batches_once() -> None:
@@ -14,6 +18,21 @@ def test_a_layer_s_time_counts_side_by_side_batches_once() -> None:
     assert _covered_seconds([(0.0, 10.0), (2.0, 3.0)]) == 10.0
     assert _covered_seconds([(0.0, 2.0), (2.0, 5.0)]) == 5.0
     assert _covered_seconds([]) == 0.0
+
+
+def test_each_part_s_minutes_are_kept_a_failed_one_s_too() -> None:
+    results: dict[str, object] = {}
+    with _part(results, SILENT, "pipeline", "pipeline: ..."):
+        pass
+    with pytest.raises(RuntimeError), _part(results, SILENT, "feed", "feed: ..."):
+        raise RuntimeError("no gold batch within 600 s")
+    # Both parts are there, in the order they ran, each a duration (a part that did nothing
+    # took next to no time).
+    assert list(results["part_seconds"]) == ["pipeline", "feed"]
+    assert all(0 <= seconds < 1 for seconds in results["part_seconds"].values())
+    # 9 minutes and 18.5: 27.5 in all, the bound being 30.
+    assert render_durations({"pipeline": 540.0, "feed": 1110.0}) == (
+        "minutes: 27.5 in all (pipeline 9.0, feed 18.5)")
 
 
 def test_make_bench_explains_itself_and_refuses_an_unknown_part() -> None:
