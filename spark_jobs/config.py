@@ -185,6 +185,7 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     watermark_delay: Interval
     window_duration: Interval
     attribution_max_gap: Interval
+    attribution_trigger: Interval
     session_gap: Interval
     sessions_trigger: Interval
     alert_clicks_per_minute: Count

@@ -131,7 +131,8 @@ TABLES: dict[str, Table] = _by_name(
           grain="one row per click matched to the latest view of the same user and ad at "
                 "most attribution_max_gap (1 hour by default) before it",
           zorder_by=("ad_id", "click_time"),
-          stream="gold_ad_attribution", windowed=True, polls_lake="always", suite=True),
+          stream="gold_ad_attribution", windowed=True, trigger_setting="attribution_trigger",
+          trigger_applies="longer", suite=True),
     Table(name="gold.user_sessions", kind="data",
           grain="one row per user session: a user's events at most session_gap (30 "
                 "minutes by default) apart in event time, open until the watermark reaches "

@@ -131,6 +131,9 @@ def test_each_stream_s_trigger_in_a_continuous_run() -> None:
     assert registry.trigger_of(files, "gold_user_sessions") == "1 minute"
     assert registry.trigger_of(files, "gold_user_sessions", "2 minutes") == "2 minutes"
     assert registry.trigger_of(kafka, "gold_user_sessions", "20 seconds") == "1 minute"
+    # Attribution's own 30 s (attribution_trigger) the same way, with either source.
+    assert registry.trigger_of(files, "gold_ad_attribution") == "30 seconds"
+    assert registry.trigger_of(kafka, "gold_ad_attribution", "1 minute") == "1 minute"
     # The alert path's 2 s applies where it reads Kafka, not where it reads bronze.
     assert registry.trigger_of(kafka, "ops_alerts", "20 seconds") == "2 seconds"
     assert registry.trigger_of(files, "ops_alerts", "20 seconds") == "20 seconds"
@@ -143,9 +146,9 @@ def test_streams_reading_the_lake_poll_it_sooner_than_their_trigger() -> None:
     from spark_jobs import config
 
     files, kafka = config.load({}), config.load({"source": "kafka"})
-    # Silver and gold's windows and attribution read a table: each looks for its commits
-    # every second (table_poll_interval) instead of at the driver's 5 s tick.
-    for name in ("silver_ad_events", "gold_campaign_stats", "gold_ad_attribution"):
+    # Silver and gold's windows read a table: each looks for its commits every second
+    # (table_poll_interval) instead of at the driver's 5 s tick.
+    for name in ("silver_ad_events", "gold_campaign_stats"):
         assert registry.poll_of(files, name) == "1 second"
         assert registry.poll_of(kafka, name) == "1 second"
     # The alert stream reads bronze from the landing zone, the topic (its own 2 s) with Kafka.
@@ -155,5 +158,7 @@ def test_streams_reading_the_lake_poll_it_sooner_than_their_trigger() -> None:
     assert registry.poll_of(files, "bronze_ad_events") == "5 seconds"
     assert registry.poll_of(files, "silver_ad_campaigns") == "5 seconds"
     assert registry.poll_of(files, "gold_user_sessions") == "1 minute"
+    # Attribution keeps its 30 s: a batch per silver commit is what it must not run.
+    assert registry.poll_of(files, "gold_ad_attribution") == "30 seconds"
     # A driver ticking faster than the poll: its own tick, never a slower one.
     assert registry.poll_of(files, "silver_ad_events", "500 milliseconds") == "500 milliseconds"
