@@ -87,6 +87,11 @@ def interval_seconds(text: str) -> float:
     return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
+def interval_micros(text: str) -> int:
+    """Whole microseconds in an interval (``interval_seconds``), as Spark's timestamps count."""
+    return round(interval_seconds(text) * 1_000_000)
+
+
 def spark_interval(text: str) -> str:
     """The interval in the ``N seconds`` form Spark's watermark and window functions take."""
     seconds = interval_seconds(text)

@@ -45,7 +45,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs.config import Settings, interval_seconds, spark_interval
+from spark_jobs.config import Settings, interval_micros, interval_seconds, spark_interval
 from spark_jobs.delta_writes import batch_time, idempotent_dml, start_exactly_once, time_bounds
 from spark_jobs.faults import crash_point
 from spark_jobs.gold import campaign_stats, writer
@@ -135,8 +135,8 @@ def user_sessions(events: DataFrame, mapping: DataFrame, session_gap: str,
     # event (each event starts a window of its own), so it reduces nothing.
     by_time = Window.partitionBy("user_id").orderBy("event_time", "event_id")
     event_us = F.unix_micros("event_time")
-    gap_us = round(interval_seconds(session_gap) * 1_000_000)
-    starts_session = F.coalesce(event_us - F.lag(event_us).over(by_time) > gap_us, F.lit(True))
+    starts_session = F.coalesce(event_us - F.lag(event_us).over(by_time)
+                                > interval_micros(session_gap), F.lit(True))
     session_number = F.sum(starts_session.cast("int")).over(
         by_time.rowsBetween(Window.unboundedPreceding, Window.currentRow))
     sessions = (ad_campaigns.campaign_at(events.where(F.col("user_id").isNotNull()), mapping)
@@ -536,7 +536,7 @@ def merge(spark: SparkSession, settings: Settings, sessions: DataFrame,
 
 
 def delay_micros(settings: Settings) -> int:
-    return round(interval_seconds(settings.watermark_delay) * 1_000_000)
+    return interval_micros(settings.watermark_delay)
 
 
 # ----------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 
 from spark_jobs import delta_reader
-from spark_jobs.config import interval_seconds
+from spark_jobs.config import interval_micros
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -120,7 +120,7 @@ def applied(latest_before: int | None, delay: str) -> int | None:
     ``delay``, in microseconds since the epoch; None before any event was seen."""
     if latest_before is None:
         return None
-    return latest_before - round(interval_seconds(delay) * 1_000_000)
+    return latest_before - interval_micros(delay)
 
 
 def closed(window_end: Column, watermark: int | None) -> Column:
