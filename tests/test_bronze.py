@@ -3,6 +3,9 @@ import os
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
+from pyspark.sql import functions as F
+
 from spark_jobs import delta_reader, streaming
 from spark_jobs.bronze import ad_events as bronze
 from spark_jobs.config import Settings
@@ -125,6 +128,30 @@ def test_bronze_is_readable_by_another_delta_reader_and_by_name(spark, settings)
     assert delta_reader.read_arrow(bronze.TABLE.path(settings)).num_rows == 2
     assert spark.sql("SELECT count(*) AS n FROM bronze.ad_events").first().n == 2
     assert "bronze.ad_events" in (Path(settings.root) / "catalog.sql").read_text()
+
+
+def test_bronze_files_carry_no_parquet_statistics_and_filters_still_find_their_rows(
+        spark, settings) -> None:
+    land(settings, "one.jsonl", b'{"n":1}\n{"n":2}\n')
+    streaming.run_available_now(spark, settings, ["bronze"])
+    path = bronze.TABLE.path(settings)
+    [data_file] = Path(path).glob("ingest_date=*/*.parquet")
+    row_group = pq.ParquetFile(data_file).metadata.row_group(0)
+    # No column has min and max (the table's Parquet properties): the raw text, identity
+    # and file path are not compared and measured on every write. The line number would
+    # have them by default (a long).
+    kept = [row_group.column(i).path_in_schema for i in range(row_group.num_columns)
+            if row_group.column(i).statistics is not None
+            and row_group.column(i).statistics.has_min_max]
+    assert kept == []
+    # Delta's own statistics, which skip files by ingestion time, are still written.
+    [delta_statistics] = delta_reader.file_statistics(path, ("ingested_at",))
+    assert delta_statistics["min.ingested_at"] is not None
+    # Without them a filter still finds exactly its rows (Spark reads every row group).
+    second_line = next(row.bronze_id for row in bronze_rows(spark, settings)
+                       if row.source_line == 2)
+    found = spark.read.format("delta").load(path).where(F.col("bronze_id") == second_line)
+    assert [row.raw for row in found.collect()] == ['{"n":2}']
 
 
 def test_a_file_delivered_with_an_old_modification_time_is_still_ingested(spark, settings
