@@ -99,13 +99,16 @@ TABLES: dict[str, Table] = _by_name(
     # record's raw text, identity and file path took 0.6-0.8 s of a million records' 4.0-4.6
     # s batch append, and 0.3-0.4 s of the stream's 6.6 s of executor CPU for them
     # (bench/HISTORY.md, 7 December). Delta's own statistics (``stats_columns``), which
-    # skip files by ingestion time, are kept.
+    # skip files by ingestion time, are kept. Row groups of 32 MB, not Parquet's 128: a
+    # task can read no less than a row group, so a batch's few large files would otherwise
+    # give validation a few uneven tasks (``bronze.even_reads``).
     Table(name="bronze.ad_events", kind="data",
           grain="one row per record received (non-blank line, or Kafka message), raw text "
                 "untouched, partitioned by ingest_date",
           partitioned_by=("ingest_date",), stats_columns=("ingested_at",),
           properties={"parquet.column.statistics.enabled": "false",
-                      "parquet.size.statistics.enabled": "false"},
+                      "parquet.size.statistics.enabled": "false",
+                      "parquet.block.size": str(32 << 20)},
           stream="bronze_ad_events", suite=True),
     # Statistics on what queries and Z-order filter by; the event_id is random, so min/max
     # statistics on it would skip nothing, where a Bloom filter per file skips the row

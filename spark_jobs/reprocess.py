@@ -219,7 +219,8 @@ def rebuild_silver(spark: SparkSession, settings: Settings, days: DateRange, rul
         finally:
             validated.unpersist()
 
-    retry_on_conflict(attempt, f"silver rebuild of {days}")
+    with bronze.even_reads(spark):
+        retry_on_conflict(attempt, f"silver rebuild of {days}")
     return changes
 
 

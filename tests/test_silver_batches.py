@@ -3,13 +3,15 @@
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 
 import pytest
 from pyspark.sql import functions as F
 
+from spark_jobs import reprocess
 from spark_jobs.audit import account
 from spark_jobs.config import interval_seconds
+from spark_jobs.dates import DateRange
 from spark_jobs.delta_reader import latest_version, transaction_versions
 from spark_jobs.delta_writes import session_setting
 from spark_jobs.silver import ad_events as silver
@@ -522,3 +524,30 @@ def test_the_stream_quarantines_at_the_time_spark_planned_the_batch(spark, setti
     local = [stamp.astimezone().replace(tzinfo=None) for stamp in stamps]
     assert found == [(local[0], "not json"), (local[1], "[2]")]
     assert stamps[0] < stamps[1]
+
+
+def test_silver_s_stream_and_a_rebuild_read_bronze_in_four_splits_per_core(spark, settings,
+                                                                          monkeypatch) -> None:
+    """A batch's few large bronze files were two or three uneven tasks on two cores, one
+    validated alone while a core waited (``bronze.even_reads``). The stream's session is a
+    copy made at its start: the setting must be there when each batch reads bronze."""
+    write_bronze(spark, settings, [view("e-1")])
+    four_per_core = str(4 * spark.sparkContext.defaultParallelism)
+    seen: list[str | None] = []
+
+    def recorded(action):
+        def record(session, *args, **kwargs):
+            seen.append(session.conf.get("spark.sql.files.minPartitionNum", None))
+            return action(session, *args, **kwargs)
+        return record
+
+    monkeypatch.setattr(silver, "place", recorded(silver.place))
+    monkeypatch.setattr(reprocess, "_rebuild_silver_from",
+                        recorded(reprocess._rebuild_silver_from))
+    silver.start(spark, settings, {"availableNow": True}).awaitTermination()
+    reprocess.rebuild_silver(spark, settings, DateRange(date(2026, 11, 22), date(2026, 11, 22)),
+                             Rules.from_settings(settings), dry_run=True)
+    assert seen == [four_per_core, four_per_core]  # the stream's one batch, the rebuild
+    assert [row.event_id for row in silver_rows(spark, settings)] == ["e-1"]
+    # The caller's session is as it was: other jobs keep Spark's own splits.
+    assert spark.conf.get("spark.sql.files.minPartitionNum", None) is None

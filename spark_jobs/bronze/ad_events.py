@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
@@ -25,12 +26,14 @@ from pyspark.sql.types import (
 
 from spark_jobs import checkpoints, storage
 from spark_jobs.config import ConfigError, Settings
-from spark_jobs.delta_writes import append_once, start_exactly_once
+from spark_jobs.delta_writes import append_once, session_setting, start_exactly_once
 from spark_jobs.landing import clean_read_files, whole_files
 from spark_jobs.storage import lake_path
 from spark_jobs.tables import TableSpec, ensure_table
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -52,6 +55,26 @@ SCHEMA = StructType([
 
 TABLE = TableSpec.declared("bronze.ad_events", SCHEMA)
 QUERY_NAME = str(TABLE.stream)  # the stream this module starts
+
+# How many tasks per core a large read of bronze is split into (``even_reads``).
+READ_SPLITS_PER_CORE = 4
+
+
+@contextmanager
+def even_reads(spark: SparkSession) -> Iterator[None]:
+    """Reads of bronze planned inside are split into ``READ_SPLITS_PER_CORE`` tasks per core
+    (Spark's ``minPartitionNum``), at row groups' bounds (``registry``: 32 MB).
+
+    Spark's own split is half a read per core at most, and packs whole files into it: the
+    bench's million records, five bronze files of 24-61 MB, became three tasks of 280,000
+    to 380,000 records on two cores, the third validated alone while a core waited (its
+    stage 10.1 s against 8.3 s split in six to nine; the whole silver batch 18.1 s against
+    18.9 s, median of four alternated, bench/HISTORY.md, 7 December). A small read stays
+    one task or a few: no split is smaller than Spark's cost of opening a file (4 MB)."""
+    splits = READ_SPLITS_PER_CORE * spark.sparkContext.defaultParallelism
+    with session_setting(spark, "spark.sql.files.minPartitionNum", str(splits)):
+        yield
+
 
 # The observed metric holding a micro-batch's record count (``ops.stream_progress``).
 RECORDS_METRIC = "records"
