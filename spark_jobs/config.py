@@ -118,6 +118,15 @@ def _interval(text: str, info: ValidationInfo) -> str:
     return text
 
 
+def _jvm_size(text: str, info: ValidationInfo) -> str:
+    """A JVM memory size as Spark takes it: a whole number with a unit (512m, 3g)."""
+    text = text.strip()
+    if not re.fullmatch(r"[1-9][0-9]*[kmgt]", text, re.IGNORECASE):
+        raise ConfigError(f"{info.field_name}: {text!r} is not a memory size such as 3g "
+                          f"or 3072m")
+    return text
+
+
 def _folder(default: Callable[[], Path]) -> BeforeValidator:
     """A folder setting: a path, or ``default()`` when empty."""
     return BeforeValidator(lambda value: Path(str(value)).expanduser().resolve()
@@ -171,6 +180,7 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     spark_driver_host: str
     executor_python: str
     spark_java_options: str
+    spark_driver_memory: Annotated[str, AfterValidator(_jvm_size)]
     shuffle_partitions: Count
     file_listing_parallelism: Count
     jars_dir: Annotated[Path, _folder(lambda: default_jars_dir())]

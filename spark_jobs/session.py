@@ -73,7 +73,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # Small local tables: Delta's default of 50 snapshot partitions is pure overhead.
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.warehouse.dir": str(settings.root / "warehouse"),
-        "spark.driver.memory": "2g",
+        "spark.driver.memory": settings.spark_driver_memory,
         # Python on the executors (a UDF, a stateful function) runs this interpreter, with
         # the project's packages, rather than the first python3 on the PATH.
         "spark.pyspark.python": executor_python(settings),

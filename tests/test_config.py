@@ -29,6 +29,10 @@ def test_defaults_come_from_the_checked_in_file(tmp_path: Path) -> None:
     assert conf["spark.driver.extraJavaOptions"].startswith("-XX:-DontCompileHugeMethods")
     assert not {key for key in spark_conf(settings.replace(spark_java_options=""))
                 if key.endswith("JavaOptions")}
+    # Every driver's heap, a stream's or a batch job's, from one setting.
+    assert conf["spark.driver.memory"] == "3g"
+    assert spark_conf(config.load(environ={"LAKEHOUSE_SPARK_DRIVER_MEMORY": "4096m"})
+                      )["spark.driver.memory"] == "4096m"
 
 
 def test_environment_overrides_file_and_flags_override_environment(tmp_path: Path) -> None:
@@ -96,6 +100,9 @@ def test_a_root_is_a_local_folder_a_file_uri_or_a_bucket_s_folder(tmp_path: Path
     ({"LAKEHOUSE_DERIVE_MISSING_EVENT_ID": "maybe"}, "true or false"),
     ({"LAKEHOUSE_KAFKA_FAIL_ON_DATA_LOSS": "perhaps"}, "kafka_fail_on_data_loss must be true"),
     ({"LAKEHOUSE_KAFKA_MAX_OFFSETS_PER_TRIGGER": "0"}, "at least 1"),
+    # Spark would take "3" as 3 bytes, and start no JVM.
+    ({"LAKEHOUSE_SPARK_DRIVER_MEMORY": "3"}, "spark_driver_memory: '3' is not a memory size"),
+    ({"LAKEHOUSE_SPARK_DRIVER_MEMORY": "lots"}, "is not a memory size such as 3g"),
 ])
 def test_bad_values_are_refused_with_a_clear_message(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
