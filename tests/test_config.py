@@ -100,7 +100,7 @@ def test_a_root_is_a_local_folder_a_file_uri_or_a_bucket_s_folder(tmp_path: Path
     ({"LAKEHOUSE_DERIVE_MISSING_EVENT_ID": "maybe"}, "true or false"),
     ({"LAKEHOUSE_KAFKA_FAIL_ON_DATA_LOSS": "perhaps"}, "kafka_fail_on_data_loss must be true"),
     ({"LAKEHOUSE_KAFKA_MAX_OFFSETS_PER_TRIGGER": "0"}, "at least 1"),
-    # Spark would take "3" as 3 bytes, and start no JVM.
+    # The launcher would pass -Xmx3 (3 bytes), and no JVM would start.
     ({"LAKEHOUSE_SPARK_DRIVER_MEMORY": "3"}, "spark_driver_memory: '3' is not a memory size"),
     ({"LAKEHOUSE_SPARK_DRIVER_MEMORY": "lots"}, "is not a memory size such as 3g"),
 ])

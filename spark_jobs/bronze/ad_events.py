@@ -62,10 +62,14 @@ READ_SPLITS_PER_CORE = 4
 
 @contextmanager
 def even_reads(spark: SparkSession) -> Iterator[None]:
-    """Reads of bronze planned inside are split into ``READ_SPLITS_PER_CORE`` tasks per core
-    (Spark's ``minPartitionNum``), at row groups' bounds (``registry``: 32 MB).
+    """Reads planned inside (a stream started inside: all of its reads) are split into
+    ``READ_SPLITS_PER_CORE`` tasks per core (Spark's ``minPartitionNum``), at row groups'
+    bounds (``registry``: bronze's are 32 MB); bronze's is the read it is for. The cores are
+    counted when it is entered: a stream started before a cluster's workers joined keeps
+    the smaller count until it starts again.
 
-    Spark's own split is half a read per core at most, and packs whole files into it: the
+    Spark's own split is an even share of the read per core (at most 128 MB), and packs
+    whole files into it: the
     bench's million records, five bronze files of 24-61 MB, became three tasks of 280,000
     to 380,000 records on two cores, the third validated alone while a core waited (its
     stage 10.1 s against 8.3 s split in six to nine; the whole silver batch 18.1 s against
