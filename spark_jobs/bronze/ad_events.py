@@ -69,12 +69,12 @@ def even_reads(spark: SparkSession) -> Iterator[None]:
     the smaller count until it starts again.
 
     Spark's own split is an even share of the read per core (at most 128 MB), and packs
-    whole files into it: the
-    bench's million records, five bronze files of 24-61 MB, became three tasks of 280,000
-    to 380,000 records on two cores, the third validated alone while a core waited (its
-    stage 10.1 s against 8.3 s split in six to nine; the whole silver batch 18.1 s against
-    18.9 s, median of four alternated, bench/HISTORY.md, 7 December). A small read stays
-    one task or a few: no split is smaller than Spark's cost of opening a file (4 MB)."""
+    whole files into it: the bench's million records, five bronze files of 24-61 MB,
+    became three tasks of 280,000 to 380,000 records on two cores, the third validated
+    alone while a core waited (its stage 10.1 s against 8.3 s split in six to nine; the
+    whole silver batch 18.1 s against 18.9 s, median of four alternated, bench/HISTORY.md,
+    7 December). A small read stays one task or a few: no split is smaller than Spark's
+    cost of opening a file (4 MB)."""
     splits = READ_SPLITS_PER_CORE * spark.sparkContext.defaultParallelism
     with session_setting(spark, "spark.sql.files.minPartitionNum", str(splits)):
         yield
