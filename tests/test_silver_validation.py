@@ -193,6 +193,10 @@ READER_EDGES = [
     '{"event_id": "e-1", "zeta": {"b": [1.50, null, "\\u00e9\\t"], "a": true}, "extra": 1e3}',
     '{"user_id": "u", "\\"odd\\nkey\\u0001/é": "x", "": null, "event_idx": []}',
     "{}", "[]", "null", "42", '"text"', "not json", '{"a": ', "",
+    # Bronze's mark for bytes that were not UTF-8, in a plain record, in one read from its
+    # variant, in a record that is not JSON; and text beyond Latin-1 without the mark.
+    event(ad_type="ban\ufffdner"), event(extra="\ufffd"), '{"event_id": \ufffd}',
+    event(page_id="\u2603 \u00e9"),
     # Records the reader answers from the parser's tokens alone (contract fields, each a
     # string or null, or an integer event_time), and records that only look like them.
     '{"event_id": "e", "event_time": 1763806530123, "ad_id": "a", "user_id": null}',
@@ -229,7 +233,8 @@ def test_the_record_reader_answers_as_spark_built_in_expressions(spark) -> None:
         F.try_variant_get(fields["event_time"], "$", "double").alias("event_time_number"),
         F.try_variant_get(fields["price"], "$", "decimal(38,8)").alias("price_number"),
         F.when(F.size(fields) > F.size(contract), F.to_json(F.map_filter(
-            fields, lambda key, _: ~F.array_contains(known, key)))).alias("unknown_fields"))
+            fields, lambda key, _: ~F.array_contains(known, key)))).alias("unknown_fields"),
+        F.coalesce(F.col("raw").contains("\ufffd"), F.lit(False)).alias("marked_invalid"))
     answered = {row.raw: row.facts.asDict() for row in rows.collect()}
     numbers = ("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT")
     wanted = expected.collect()
@@ -242,7 +247,8 @@ def test_the_record_reader_answers_as_spark_built_in_expressions(spark) -> None:
         got, want = answered[want.raw], want.asDict()
         raw = want.pop("raw")
         if want["fields"] is None or want["fields"] < 0:  # not an object: no fields at all
-            want = {name: None for name in want} | {"is_json": want["is_json"]}
+            want = {name: None for name in want} | {
+                "is_json": want["is_json"], "marked_invalid": want["marked_invalid"]}
         for name in validation.CONTRACT_FIELDS:
             kind = want[f"kind_{name}"]
             if kind is not None and (kind in numbers or kind.startswith("DECIMAL")):
@@ -257,3 +263,4 @@ def test_the_record_reader_answers_as_spark_built_in_expressions(spark) -> None:
              for name in validation.CONTRACT_FIELDS}
     assert kinds == {None, "STRING", "NUMBER", "VOID", "BOOLEAN", "OBJECT", "ARRAY"}
     assert {facts["is_json"] for facts in answered.values()} == {True, False}
+    assert {facts["marked_invalid"] for facts in answered.values()} == {True, False}

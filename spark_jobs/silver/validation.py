@@ -64,7 +64,8 @@ class Rules:
 # The struct ``lakehouse.RecordFacts`` (jars/validation, a JVM function of the project's
 # own) returns for a record: whether it is JSON, of how many fields when an object, how many
 # contract fields it has, then per contract field its kind and text, then event_time and
-# price as numbers where they are JSON numbers, and the fields the contract does not name.
+# price as numbers where they are JSON numbers, the fields the contract does not name, and
+# whether it holds U+FFFD.
 # Its answers are Spark's own (its parser, its conversions); see the Java source for why it
 # is a function.
 RECORD_FACTS = "lakehouse_record_facts"
@@ -82,6 +83,8 @@ RECORD_FACTS_SCHEMA = StructType([
     StructField("price_number", DecimalType(38, 8)),
     # to_json of a map<string,variant> of them; NULL when there are none.
     StructField("unknown_fields", StringType()),
+    # The record holds U+FFFD: bronze's mark for bytes that were not UTF-8.
+    StructField("marked_invalid", BooleanType(), False),
 ])
 STRING, NUMBER, JSON_NULL = "STRING", "NUMBER", "VOID"
 
@@ -200,7 +203,7 @@ def validate(bronze: DataFrame, rules: Rules) -> DataFrame:
     time_absent = _kind("event_time").isNull() | (_kind("event_time") == JSON_NULL)
     price_absent = _kind("price").isNull() | (_kind("price") == JSON_NULL)
     checks: list[tuple[str, Column, Column]] = [
-        (reasons.INVALID_ENCODING, F.col("raw").contains("\ufffd"),
+        (reasons.INVALID_ENCODING, _facts("marked_invalid"),
          F.lit("the record has bytes that are not UTF-8")),
         (reasons.MALFORMED_JSON, ~_facts("is_json"),
          F.lit("the record is not valid JSON")),
