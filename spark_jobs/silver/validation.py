@@ -125,8 +125,11 @@ def _time_of(kind: Column, text: Column, number: Column,
     """ISO-8601 with Z or an offset, or epoch milliseconds as a number or numeric string;
     then any of ``extra_formats`` (Spark datetime patterns, read as UTC)."""
     trimmed = F.trim(text)
-    from_text = (F.when(trimmed.rlike(INTEGER_TEXT), _epoch_ms_time(trimmed.try_cast("long")))
-                 .when(trimmed.rlike(ISO_WITH_ZONE), trimmed.try_cast("timestamp")))
+    # The spellings exclude each other; ISO-8601, the common one, is tried first so that it
+    # takes one regular expression, not two (3 million times: 1.45-1.49 s against
+    # 1.77-1.91 s, alternated).
+    from_text = (F.when(trimmed.rlike(ISO_WITH_ZONE), trimmed.try_cast("timestamp"))
+                 .when(trimmed.rlike(INTEGER_TEXT), _epoch_ms_time(trimmed.try_cast("long"))))
     if extra_formats:
         from_text = from_text.otherwise(F.coalesce(
             *[F.try_to_timestamp(trimmed, F.lit(pattern)) for pattern in extra_formats]))
