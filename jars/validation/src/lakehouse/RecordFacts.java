@@ -83,8 +83,8 @@ public final class RecordFacts implements UDF1<String, Row> {
     private static final int UNKNOWN_FIELDS = EVENT_TIME_NUMBER + 2;
     private static final int MARKED_INVALID = EVENT_TIME_NUMBER + 3;
 
-    /** What bronze puts where a record's bytes were not UTF-8 (the landing zone's text
-     * reader, {@code make_valid_utf8} for Kafka). */
+    /** What bronze puts where a record's bytes were not UTF-8 (its split of a landed file
+     * into lines decodes them, {@code make_valid_utf8} a Kafka message's). */
     private static final char REPLACEMENT = '\uFFFD';
 
     /** Where field {@code i}'s kind is in the struct; its text is just after. */
@@ -114,7 +114,7 @@ public final class RecordFacts implements UDF1<String, Row> {
     public Row call(String raw) {
         Object[] plain = plainRecord(raw);
         Object[] facts = plain != null ? plain : variantFacts(raw);
-        // Asked of the Java string the record already is: an ASCII record (stored a byte a
+        // Asked of the Java string the record already is: a Latin-1 one (stored a byte a
         // character) answers at once, any other with the JDK's vectorised search, where
         // Spark's contains() compared each byte of the record (6% of validation's time).
         facts[MARKED_INVALID] = raw != null && raw.indexOf(REPLACEMENT) >= 0;
@@ -161,7 +161,7 @@ public final class RecordFacts implements UDF1<String, Row> {
     /**
      * The facts of a plain record (an object whose keys are contract fields, each once, whose
      * values are JSON strings or nulls, or an integer within a long for {@code event_time}),
-     * as {@link #call} reads them from its variant; null for any other record.
+     * as {@link #variantFacts} reads them from its variant; null for any other record.
      *
      * <p>The same answers by construction: {@code VariantBuilder.parseJson} reads the same
      * tokens with the same parser (a default {@code JsonFactory}, no look past the root
