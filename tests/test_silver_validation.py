@@ -206,7 +206,35 @@ READER_EDGES = [
     '{"event_id": "e", "event_time": 0} {"trailing": 1}',
     '{"event_id": "e", "event_time": 01}', '{"event_id": "e",}', '{"event_id": "e"',
     '{"ad_id": "x", "ad_id": "x"}', '{"event_id": "e", "price": 5}',
+    # The reader parses an ASCII record from its bytes and any other from its characters:
+    # the mark after the root value (which neither parser reads), a zero byte, which Jackson
+    # takes near the start for UTF-16 or UTF-32, and a byte order mark, which it skips.
+    '{"event_id": "e"} \ufffd', '{"event_id": "e"}\u0000', '\u0000{"event_id": "e"}',
+    '{"\u0000event_id": "e"}', '\ufeff{"event_id": "e"}',
+    # Fields the contract does not name, each a string or null, read from the tokens too:
+    # written back in the variant's order of keys (String.compareTo: "Z" < "a" < "é"),
+    # escaped as the variant escapes them; a key twice, a surrogate in a key or a value, or
+    # any other value sends the record the variant's way.
+    '{"event_id": "e", "zeta": "z", "\u00e9": null, "Zed": "Z\\"\\\\\\n\\u0001\u00e9\u2603",'
+    ' "alpha": "", "event_time": 5}',
+    event(user_agent="\u03a9-bot"), event(payload="x" * 70_000),
+    '{"event_id": "e", "zeta": "z", "zeta": "z"}', '{"event_id": "e", "\\ud800": "x"}',
+    '{"event_id": "e", "zeta": "\\udc00"}', '{"event_id": "e", "zeta": 1.50}',
+    '{"event_id": "e", "zeta": "z", "ad_id": "a", "ad_id": "a"}',
 ]
+
+
+def test_the_record_reader_parses_from_bytes_only_ascii_without_zero_bytes(spark) -> None:
+    """RecordFacts.isAscii looks at eight bytes at a time, then the tail: a byte that is not
+    ASCII, or is zero, is found wherever it is; DEL and the other control bytes are ASCII."""
+    is_ascii = spark._jvm.lakehouse.RecordFacts.isAscii
+    record = b'{"event_id": "e-1"}'  # 19 bytes: two words of eight, then a tail of three
+    assert is_ascii(record)
+    for at in range(len(record)):
+        for byte, ascii in ((0x00, False), (0x80, False), (0xC3, False), (0xFF, False),
+                            (0x01, True), (0x7F, True)):
+            changed = record[:at] + bytes([byte]) + record[at + 1:]
+            assert is_ascii(changed) is ascii, (at, byte)
 
 
 def test_the_record_reader_answers_as_spark_built_in_expressions(spark) -> None:

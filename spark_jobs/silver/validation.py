@@ -93,7 +93,8 @@ def _record_facts(spark: SparkSession) -> Column:
     """The function's column over ``raw``, registered in ``spark`` (again: it reads the
     session's JSON settings where it is registered)."""
     spark.udf.registerJavaFunction(RECORD_FACTS, RECORD_FACTS_CLASS, RECORD_FACTS_SCHEMA)
-    return F.call_function(RECORD_FACTS, F.col("raw"))
+    # As UTF-8 bytes, which the function parses faster than the string Spark would decode.
+    return F.call_function(RECORD_FACTS, F.col("raw").cast("binary"))
 
 
 def _facts(name: str) -> Column:

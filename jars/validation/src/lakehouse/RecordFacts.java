@@ -3,10 +3,15 @@ package lakehouse;
 import java.io.IOException;
 import java.io.StringWriter;
 import java.io.UncheckedIOException;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteOrder;
+import java.nio.charset.StandardCharsets;
 import java.time.ZoneOffset;
 import java.util.EnumSet;
 import java.util.HashMap;
 import java.util.Map;
+import java.util.TreeMap;
 
 import com.fasterxml.jackson.core.JsonFactory;
 import com.fasterxml.jackson.core.JsonGenerator;
@@ -46,14 +51,22 @@ import scala.Option;
  * the same JSON generator, where a higher-order function kept Spark from compiling the
  * whole validation into one method (a third of its time).
  *
- * <p>Most records need less: an object of contract fields alone, each a JSON string or null
- * (or, for {@code event_time}, an integer). Those are read from the parser's tokens
+ * <p>Most records need less: an object whose fields are each a JSON string or null (or, for
+ * {@code event_time}, an integer). Those are read from the parser's tokens
  * ({@link #plainRecord}), the same tokens of the same parser {@code VariantBuilder} would
- * build the variant from, without building it; every other record (any other value, a field
- * the contract does not name, a key twice, a surrogate, anything the parser refuses) takes
- * the variant's way.
+ * build the variant from, without building it; every other record (any other value, a key
+ * twice, a surrogate, anything the parser refuses) takes the variant's way. That includes
+ * the contract's longest records, which a field it does not name makes up to 1 MiB: half
+ * the bytes of the bench's corpus, built into a variant and written back out as JSON.
+ *
+ * <p>The record comes as its UTF-8 bytes ({@code raw} cast to binary), not as a Java string:
+ * Jackson parses bytes 40% faster than the string Spark would decode them into (measured on
+ * the bench's records). Only a record of ASCII is parsed from its bytes, where the bytes
+ * and the characters are the same; any other is decoded as Spark decodes a string for a
+ * Java function ({@code UTF8String.toString}) and read as before, so the answers do not
+ * depend on how either parser treats bytes that are not UTF-8.
  */
-public final class RecordFacts implements UDF1<String, Row> {
+public final class RecordFacts implements UDF1<byte[], Row> {
 
     /** The contract's fields, in the order of the struct's per-field columns. */
     static final String[] FIELDS = {"event_id", "event_time", "event_type", "ad_id", "user_id",
@@ -111,14 +124,55 @@ public final class RecordFacts implements UDF1<String, Row> {
     }
 
     @Override
-    public Row call(String raw) {
-        Object[] plain = plainRecord(raw);
-        Object[] facts = plain != null ? plain : variantFacts(raw);
-        // Asked of the Java string the record already is: a Latin-1 one (stored a byte a
-        // character) answers at once, any other with the JDK's vectorised search, where
-        // Spark's contains() compared each byte of the record (6% of validation's time).
-        facts[MARKED_INVALID] = raw != null && raw.indexOf(REPLACEMENT) >= 0;
+    public Row call(byte[] raw) {
+        if (raw == null) {
+            return answer(variantFacts(null), false);
+        }
+        boolean ascii = isAscii(raw);
+        if (ascii) {
+            Object[] plain = plainRecord(raw.length, () -> JSON.createParser(raw));
+            if (plain != null) {
+                return answer(plain, false);  // U+FFFD is not ASCII
+            }
+        }
+        String record = new String(raw, StandardCharsets.UTF_8);
+        // An ASCII record that is not plain from its bytes is not plain from its characters.
+        Object[] facts = ascii ? null : plainRecord(record.length(),
+                                                    () -> JSON.createParser(record));
+        return answer(facts != null ? facts : variantFacts(record),
+                      !ascii && record.indexOf(REPLACEMENT) >= 0);
+    }
+
+    private static Row answer(Object[] facts, boolean markedInvalid) {
+        facts[MARKED_INVALID] = markedInvalid;
         return RowFactory.create(facts);
+    }
+
+    private static final VarHandle EIGHT_BYTES =
+        MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
+    private static final long HIGH_BITS = 0x8080808080808080L;
+    private static final long LOW_BITS = 0x0101010101010101L;
+
+    /**
+     * Whether every byte of {@code raw} is ASCII and none is zero, eight at a time. Zero bytes
+     * are left to the string's way because Jackson's byte parser takes them near the start
+     * for UTF-16 or UTF-32 (as it takes a byte order mark, which is not ASCII).
+     */
+    public static boolean isAscii(byte[] raw) {
+        int i = 0;
+        for (; i + Long.BYTES <= raw.length; i += Long.BYTES) {
+            long eight = (long) EIGHT_BYTES.get(raw, i);
+            // A high bit is set, or a byte is zero (subtracting one borrows into its high bit).
+            if (((eight | ((eight - LOW_BITS) & ~eight)) & HIGH_BITS) != 0) {
+                return false;
+            }
+        }
+        for (; i < raw.length; i++) {
+            if (raw[i] <= 0) {
+                return false;
+            }
+        }
+        return true;
     }
 
     /** The facts of any record, read from its variant. */
@@ -159,39 +213,59 @@ public final class RecordFacts implements UDF1<String, Row> {
     }
 
     /**
-     * The facts of a plain record (an object whose keys are contract fields, each once, whose
-     * values are JSON strings or nulls, or an integer within a long for {@code event_time}),
-     * as {@link #variantFacts} reads them from its variant; null for any other record.
+     * The facts of a plain record (an object whose keys are each once, whose values are JSON
+     * strings or nulls, or an integer within a long for {@code event_time}), as
+     * {@link #variantFacts} reads them from its variant; null for any other record.
      *
      * <p>The same answers by construction: {@code VariantBuilder.parseJson} reads the same
      * tokens with the same parser (a default {@code JsonFactory}, no look past the root
-     * value), stores a string as {@code getText()} gives it and an integer within a long as
+     * value; over an ASCII record's bytes Jackson's byte parser reads the tokens its parser
+     * of characters reads), stores a string as {@code getText()} gives it and an integer within a long as
      * a long, whose text and double {@code try_variant_get} gives as Java does; a JSON
-     * null's text is NULL. What the variant's way checks beyond the tokens (duplicate keys,
-     * lone surrogates, size) does not arise here: such records are not plain.
+     * null's text is NULL. The variant orders an object's keys as {@code String.compareTo}
+     * does ({@code VariantBuilder.finishWritingObject}), and writes a string as the default
+     * generator's {@code writeString} ({@code Variant.escapeJson}). What the variant's way
+     * checks beyond the tokens (duplicate keys, lone surrogates, size) does not arise here:
+     * such records are not plain.
      */
-    private static Object[] plainRecord(String raw) {
-        if (raw == null || raw.length() > PLAIN_AT_MOST) {
+    private static Object[] plainRecord(int length, Parsing record) {
+        if (length > PLAIN_AT_MOST) {
             return null;
         }
         Object[] facts = new Object[FACTS];
-        try (JsonParser parser = JSON.createParser(raw)) {
+        try (JsonParser parser = record.open()) {
             if (parser.nextToken() != JsonToken.START_OBJECT) {
                 return null;
             }
             int seen = 0;  // a bit per contract field
+            TreeMap<String, String> unknown = null;  // the other fields, in the variant's order
             for (JsonToken key = parser.nextToken(); key != JsonToken.END_OBJECT;
                  key = parser.nextToken()) {
                 if (key != JsonToken.FIELD_NAME) {
                     return null;
                 }
-                Integer index = FIELD_INDEX.get(parser.currentName());
-                if (index == null || (seen & (1 << index)) != 0) {
-                    return null;
+                String name = parser.currentName();
+                Integer index = FIELD_INDEX.get(name);
+                JsonToken value = parser.nextToken();
+                if (index == null) {
+                    if (unknown == null) {
+                        unknown = new TreeMap<>();
+                    }
+                    if (unknown.containsKey(name) || hasSurrogate(name)) {
+                        return null;
+                    }
+                    String text = value == JsonToken.VALUE_STRING ? parser.getText() : null;
+                    if (value != JsonToken.VALUE_NULL && (text == null || hasSurrogate(text))) {
+                        return null;
+                    }
+                    unknown.put(name, text);  // null: a JSON null
+                    continue;
                 }
                 int field = index;
+                if ((seen & (1 << field)) != 0) {
+                    return null;
+                }
                 seen |= 1 << field;
-                JsonToken value = parser.nextToken();
                 if (value == JsonToken.VALUE_STRING) {
                     String text = parser.getText();
                     if (hasSurrogate(text)) {
@@ -212,12 +286,22 @@ public final class RecordFacts implements UDF1<String, Row> {
                 }
             }
             facts[0] = true;
-            facts[1] = Integer.bitCount(seen);  // every key a contract field, each once
-            facts[2] = facts[1];
+            int known = Integer.bitCount(seen);
+            facts[1] = known + (unknown == null ? 0 : unknown.size());
+            facts[2] = known;
+            if (unknown != null) {
+                facts[UNKNOWN_FIELDS] = unknownFields(unknown);
+            }
             return facts;
         } catch (IOException | RuntimeException notPlain) {  // the variant's way says why
             return null;
         }
+    }
+
+    /** A parser over the record, from its bytes or from its characters. */
+    @FunctionalInterface
+    private interface Parsing {
+        JsonParser open() throws IOException;
     }
 
     private static boolean hasSurrogate(String text) {
@@ -235,9 +319,7 @@ public final class RecordFacts implements UDF1<String, Row> {
      * as the variant writes it.
      */
     private static String unknownFields(Variant record) {
-        StringWriter text = new StringWriter();
-        try (JsonGenerator json = JSON.createGenerator(text)) {
-            json.writeStartObject();
+        return jsonObject(json -> {
             for (int i = 0; i < record.objectSize(); i++) {
                 Variant.ObjectField field = record.getFieldAtIndex(i);
                 if (!FIELD_INDEX.containsKey(field.key)) {
@@ -245,6 +327,35 @@ public final class RecordFacts implements UDF1<String, Row> {
                     json.writeRawValue(field.value.toJson(ZoneOffset.UTC));
                 }
             }
+        });
+    }
+
+    /** A plain record's fields the contract does not name, each a string or a JSON null
+     * (null), in the variant's order of keys: as {@link #unknownFields(Variant)} writes
+     * them from the variant. */
+    private static String unknownFields(TreeMap<String, String> fields) {
+        return jsonObject(json -> {
+            for (Map.Entry<String, String> field : fields.entrySet()) {
+                json.writeFieldName(field.getKey());
+                if (field.getValue() == null) {
+                    json.writeNull();
+                } else {
+                    json.writeString(field.getValue());
+                }
+            }
+        });
+    }
+
+    @FunctionalInterface
+    private interface Fields {
+        void write(JsonGenerator json) throws IOException;
+    }
+
+    private static String jsonObject(Fields fields) {
+        StringWriter text = new StringWriter();
+        try (JsonGenerator json = JSON.createGenerator(text)) {
+            json.writeStartObject();
+            fields.write(json);
             json.writeEndObject();
         } catch (IOException cannotHappen) {  // a StringWriter does not fail
             throw new UncheckedIOException(cannotHappen);
