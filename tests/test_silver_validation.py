@@ -221,6 +221,23 @@ READER_EDGES = [
     '{"event_id": "e", "zeta": "z", "zeta": "z"}', '{"event_id": "e", "\\ud800": "x"}',
     '{"event_id": "e", "zeta": "\\udc00"}', '{"event_id": "e", "zeta": 1.50}',
     '{"event_id": "e", "zeta": "z", "ad_id": "a", "ad_id": "a"}',
+    # ASCII records the reader scans itself where each token is spelled one way, and where
+    # one is not (a sign, a fraction, an exponent, a leading zero, 19 digits, a long key, a
+    # control character, a missing comma, letters after null): Jackson reads those.
+    '\r\n{"event_id":"e","event_time":0,"zeta":null,"":"x"}\r\n', "{ }",
+    '{"event_id": "e", "event_time": 999999999999999999}', '{"event_id": "e\u007f"}',
+    '{"event_id": "e", "event_time": -5}', '{"event_id": "e", "event_time": 1.5}',
+    '{"event_id": "e", "event_time": 12e3}', '{"event_id": "e", "event_time": 1234567890123456789}',
+    '{"event_id": "e", "event_time": 00}', '{"event_id": "e\u0001"}', '{"event_id": "e"}}',
+    '{"event_id": "e" "ad_id": "a"}', '{"event_id": nullx}', '{"event_id": nul}',
+    '{"event_id": "e", "' + "k" * 1_001 + '": "v"}', '{"event_id": "e", "zeta": 10}',
+    '{"event_id":"e","zeta":"a\u007fb"}',
+    # The scan looks for a string's end eight bytes at a time: an escape, a control
+    # character and the closing quote at each place within eight bytes.
+    *[record for k in range(9) for record in (
+        '{"event_id": "' + "e" * k + '\\n' + "f" * 16 + '"}',
+        '{"event_id": "' + "e" * k + "\u0001" + "f" * 16 + '"}',
+        '{"event_id": "' + "e" * k + '", "ad_id": "' + "a" * 16 + '"}')],
 ]
 
 

@@ -59,12 +59,13 @@ import scala.Option;
  * the contract's longest records, which a field it does not name makes up to 1 MiB: half
  * the bytes of the bench's corpus, built into a variant and written back out as JSON.
  *
- * <p>The record comes as its UTF-8 bytes ({@code raw} cast to binary), not as a Java string:
- * Jackson parses bytes 40% faster than the string Spark would decode them into (measured on
- * the bench's records). Only a record of ASCII is parsed from its bytes, where the bytes
- * and the characters are the same; any other is decoded as Spark decodes a string for a
- * Java function ({@code UTF8String.toString}) and read as before, so the answers do not
- * depend on how either parser treats bytes that are not UTF-8.
+ * <p>The record comes as its UTF-8 bytes ({@code raw} cast to binary), not as a Java string.
+ * A plain record of ASCII without an escape, nearly every record a producer writes, is read
+ * by a scan of its bytes ({@link #asciiRecord}) that accepts only what JSON spells one way
+ * (strings without a backslash, {@code null}, digits), where the bytes are the characters
+ * and a value's text is the bytes between its quotes. Any other record is decoded as Spark
+ * decodes a string for a Java function ({@code UTF8String.toString}) and read with Jackson,
+ * so no answer depends on how a parser treats bytes that are not UTF-8.
  */
 public final class RecordFacts implements UDF1<byte[], Row> {
 
@@ -128,19 +129,14 @@ public final class RecordFacts implements UDF1<byte[], Row> {
         if (raw == null) {
             return answer(variantFacts(null), false);
         }
-        boolean ascii = isAscii(raw);
-        if (ascii) {
-            Object[] plain = plainRecord(raw.length, () -> JSON.createParser(raw));
-            if (plain != null) {
-                return answer(plain, false);  // U+FFFD is not ASCII
-            }
+        Object[] scanned = isAscii(raw) ? asciiRecord(raw) : null;
+        if (scanned != null) {
+            return answer(scanned, false);  // U+FFFD is not ASCII
         }
         String record = new String(raw, StandardCharsets.UTF_8);
-        // An ASCII record that is not plain from its bytes is not plain from its characters.
-        Object[] facts = ascii ? null : plainRecord(record.length(),
-                                                    () -> JSON.createParser(record));
-        return answer(facts != null ? facts : variantFacts(record),
-                      !ascii && record.indexOf(REPLACEMENT) >= 0);
+        Object[] plain = plainRecord(record);
+        return answer(plain != null ? plain : variantFacts(record),
+                      record.indexOf(REPLACEMENT) >= 0);
     }
 
     private static Row answer(Object[] facts, boolean markedInvalid) {
@@ -152,18 +148,26 @@ public final class RecordFacts implements UDF1<byte[], Row> {
         MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
     private static final long HIGH_BITS = 0x8080808080808080L;
     private static final long LOW_BITS = 0x0101010101010101L;
+    private static final long QUOTES = LOW_BITS * '"';
+    private static final long BACKSLASHES = LOW_BITS * '\\';
+    private static final long CONTROL_BOUND = LOW_BITS * 0x20;
+
+    /** Non-zero where a byte of {@code eight} is zero (subtracting one borrows into its high
+     * bit), for bytes whose high bits are clear. */
+    private static long hasZeroByte(long eight) {
+        return (eight - LOW_BITS) & ~eight & HIGH_BITS;
+    }
 
     /**
-     * Whether every byte of {@code raw} is ASCII and none is zero, eight at a time. Zero bytes
-     * are left to the string's way because Jackson's byte parser takes them near the start
-     * for UTF-16 or UTF-32 (as it takes a byte order mark, which is not ASCII).
+     * Whether every byte of {@code raw} is ASCII and none is zero, eight at a time (a zero
+     * byte is a character JSON does not allow unescaped anywhere: the string's way says so).
      */
     public static boolean isAscii(byte[] raw) {
         int i = 0;
         for (; i + Long.BYTES <= raw.length; i += Long.BYTES) {
             long eight = (long) EIGHT_BYTES.get(raw, i);
-            // A high bit is set, or a byte is zero (subtracting one borrows into its high bit).
-            if (((eight | ((eight - LOW_BITS) & ~eight)) & HIGH_BITS) != 0) {
+            // A high bit is set, or a byte is zero.
+            if (((eight & HIGH_BITS) | hasZeroByte(eight)) != 0) {
                 return false;
             }
         }
@@ -219,8 +223,7 @@ public final class RecordFacts implements UDF1<byte[], Row> {
      *
      * <p>The same answers by construction: {@code VariantBuilder.parseJson} reads the same
      * tokens with the same parser (a default {@code JsonFactory}, no look past the root
-     * value; over an ASCII record's bytes Jackson's byte parser reads the tokens its parser
-     * of characters reads), stores a string as {@code getText()} gives it and an integer within a long as
+     * value), stores a string as {@code getText()} gives it and an integer within a long as
      * a long, whose text and double {@code try_variant_get} gives as Java does; a JSON
      * null's text is NULL. The variant orders an object's keys as {@code String.compareTo}
      * does ({@code VariantBuilder.finishWritingObject}), and writes a string as the default
@@ -228,12 +231,12 @@ public final class RecordFacts implements UDF1<byte[], Row> {
      * checks beyond the tokens (duplicate keys, lone surrogates, size) does not arise here:
      * such records are not plain.
      */
-    private static Object[] plainRecord(int length, Parsing record) {
-        if (length > PLAIN_AT_MOST) {
+    private static Object[] plainRecord(String raw) {
+        if (raw.length() > PLAIN_AT_MOST) {
             return null;
         }
         Object[] facts = new Object[FACTS];
-        try (JsonParser parser = record.open()) {
+        try (JsonParser parser = JSON.createParser(raw)) {
             if (parser.nextToken() != JsonToken.START_OBJECT) {
                 return null;
             }
@@ -298,10 +301,212 @@ public final class RecordFacts implements UDF1<byte[], Row> {
         }
     }
 
-    /** A parser over the record, from its bytes or from its characters. */
-    @FunctionalInterface
-    private interface Parsing {
-        JsonParser open() throws IOException;
+    /** The longest key the scan reads; Jackson refuses keys over 50,000 characters. */
+    private static final int LONGEST_KEY = 1_000;
+    /** The most digits the scan reads as an integer: any 18 digits fit in a long. */
+    private static final int MOST_DIGITS = 18;
+
+    /**
+     * The facts of a plain record of ASCII (every byte ASCII and none zero) that spells every
+     * token one way, as {@link #plainRecord} reads them with Jackson; null for any other,
+     * which Jackson then reads.
+     *
+     * <p>What the scan accepts is a subset of what Jackson accepts, read as Jackson reads it:
+     * an object after JSON's whitespace (space, tab, line feed, carriage return), keys and
+     * string values between quotes with no backslash and no control character (so their text
+     * is their bytes), {@code null}, and for {@code event_time} an integer of at most 18
+     * digits without a sign or a leading zero (Jackson's long, whose text is its digits);
+     * nothing after the object's end is read, as Jackson does not read past the root value.
+     * Anything else (an escape, a sign, a fraction, a key twice, a long key, a missing
+     * comma) declines.
+     */
+    static Object[] asciiRecord(byte[] raw) {
+        if (raw.length > PLAIN_AT_MOST) {
+            return null;
+        }
+        int at = afterSpace(raw, 0);
+        if (at >= raw.length || raw[at] != '{') {
+            return null;
+        }
+        Object[] facts = new Object[FACTS];
+        int seen = 0;  // a bit per contract field
+        // The other fields, in the variant's order: where each value's text is ({from, to}),
+        // or null for a JSON null.
+        TreeMap<String, int[]> unknown = null;
+        at = afterSpace(raw, at + 1);
+        boolean more = at < raw.length && raw[at] != '}';
+        while (more) {
+            int keyEnd = closingQuote(raw, at);
+            if (keyEnd < 0 || keyEnd - at - 1 > LONGEST_KEY) {
+                return null;
+            }
+            String name = new String(raw, at + 1, keyEnd - at - 1, StandardCharsets.ISO_8859_1);
+            at = afterSpace(raw, keyEnd + 1);
+            if (at >= raw.length || raw[at] != ':') {
+                return null;
+            }
+            at = afterSpace(raw, at + 1);
+            if (at >= raw.length) {
+                return null;
+            }
+            Integer index = FIELD_INDEX.get(name);
+            String kind;
+            String text = null;
+            int[] slice = null;
+            long millis = 0;
+            int valueEnd;
+            byte first = raw[at];
+            if (first == '"') {
+                int end = closingQuote(raw, at);
+                if (end < 0) {
+                    return null;
+                }
+                kind = STRING;
+                slice = new int[] {at + 1, end};
+                if (index != null) {
+                    text = new String(raw, at + 1, end - at - 1, StandardCharsets.ISO_8859_1);
+                }
+                valueEnd = end + 1;
+            } else if (first == 'n' && at + 4 <= raw.length && raw[at + 1] == 'u'
+                       && raw[at + 2] == 'l' && raw[at + 3] == 'l') {
+                kind = JSON_NULL;
+                valueEnd = at + 4;
+            } else if (first >= '0' && first <= '9') {
+                valueEnd = at;
+                while (valueEnd < raw.length && raw[valueEnd] >= '0' && raw[valueEnd] <= '9') {
+                    millis = millis * 10 + (raw[valueEnd++] - '0');
+                }
+                if (valueEnd - at > MOST_DIGITS || (first == '0' && valueEnd - at > 1)) {
+                    return null;
+                }
+                kind = NUMBER;
+                text = Long.toString(millis);
+            } else {
+                return null;
+            }
+            if (index == null) {
+                if (unknown == null) {
+                    unknown = new TreeMap<>();
+                }
+                if (kind == NUMBER || unknown.containsKey(name)) {
+                    return null;
+                }
+                unknown.put(name, slice);
+            } else {
+                int field = index;
+                if ((seen & (1 << field)) != 0 || (kind == NUMBER && field != EVENT_TIME)) {
+                    return null;
+                }
+                seen |= 1 << field;
+                facts[kindAt(field)] = kind;
+                facts[kindAt(field) + 1] = text;
+                if (kind == NUMBER) {
+                    facts[EVENT_TIME_NUMBER] = (double) millis;
+                }
+            }
+            // After a value: a comma and the next key, or the object's end. Anything else
+            // (a fraction, an exponent, more letters after null) declines.
+            at = afterSpace(raw, valueEnd);
+            if (at >= raw.length) {
+                return null;
+            }
+            if (raw[at] == ',') {
+                at = afterSpace(raw, at + 1);
+            } else if (raw[at] == '}') {
+                more = false;
+            } else {
+                return null;
+            }
+        }
+        if (at >= raw.length) {
+            return null;  // no closing brace
+        }
+        facts[0] = true;
+        int known = Integer.bitCount(seen);
+        facts[1] = known + (unknown == null ? 0 : unknown.size());
+        facts[2] = known;
+        if (unknown != null) {
+            facts[UNKNOWN_FIELDS] = unknownFields(raw, unknown);
+        }
+        return facts;
+    }
+
+    /**
+     * The scanned record's fields the contract does not name, as {@link #unknownFields(TreeMap)}
+     * writes them: Jackson's generator escapes only quotes, backslashes and control
+     * characters, which neither these keys nor these values hold, so it writes their bytes.
+     */
+    private static String unknownFields(byte[] raw, TreeMap<String, int[]> fields) {
+        int size = 1;
+        for (Map.Entry<String, int[]> field : fields.entrySet()) {
+            int[] value = field.getValue();
+            size += field.getKey().length() + 4 + (value == null ? 4 : value[1] - value[0] + 2);
+        }
+        byte[] json = new byte[size];
+        int at = 0;
+        json[at++] = '{';
+        for (Map.Entry<String, int[]> field : fields.entrySet()) {
+            if (at > 1) {
+                json[at++] = ',';
+            }
+            json[at++] = '"';
+            byte[] key = field.getKey().getBytes(StandardCharsets.ISO_8859_1);
+            System.arraycopy(key, 0, json, at, key.length);
+            at += key.length;
+            json[at++] = '"';
+            json[at++] = ':';
+            int[] value = field.getValue();
+            if (value == null) {
+                System.arraycopy(NULL, 0, json, at, NULL.length);
+                at += NULL.length;
+            } else {
+                json[at++] = '"';
+                System.arraycopy(raw, value[0], json, at, value[1] - value[0]);
+                at += value[1] - value[0];
+                json[at++] = '"';
+            }
+        }
+        json[at++] = '}';
+        return new String(json, 0, at, StandardCharsets.ISO_8859_1);
+    }
+
+    private static final byte[] NULL = {'n', 'u', 'l', 'l'};
+
+    /** The first position from {@code at} that is not JSON's whitespace. */
+    private static int afterSpace(byte[] raw, int at) {
+        while (at < raw.length
+               && (raw[at] == ' ' || raw[at] == '\n' || raw[at] == '\r' || raw[at] == '\t')) {
+            at++;
+        }
+        return at;
+    }
+
+    /** Where the string opened by a quote at {@code at} closes; -1 where there is no quote
+     * at {@code at}, or the string holds a backslash or a control character, or is open. */
+    private static int closingQuote(byte[] raw, int at) {
+        if (at >= raw.length || raw[at] != '"') {
+            return -1;
+        }
+        int i = at + 1;
+        // Eight bytes at a time past those that cannot end the string (the record is ASCII,
+        // so a byte's high bit is clear): the contract's longest records are one value.
+        for (; i + Long.BYTES <= raw.length; i += Long.BYTES) {
+            long eight = (long) EIGHT_BYTES.get(raw, i);
+            if ((hasZeroByte(eight ^ QUOTES) | hasZeroByte(eight ^ BACKSLASHES)
+                 | ((eight - CONTROL_BOUND) & ~eight & HIGH_BITS)) != 0) {
+                break;  // one of these eight is: find it a byte at a time
+            }
+        }
+        for (; i < raw.length; i++) {
+            byte b = raw[i];
+            if (b == '"') {
+                return i;
+            }
+            if (b == '\\' || b < 0x20) {
+                return -1;
+            }
+        }
+        return -1;
     }
 
     private static boolean hasSurrogate(String text) {
