@@ -130,11 +130,11 @@ public final class RecordFacts implements UDF1<byte[], Row> {
             return answer(variantFacts(null), false);
         }
         Object[] scanned = isAscii(raw) ? asciiRecord(raw) : null;
-        if (scanned != null) {
+        if (scanned != null && scanned != NOT_PLAIN) {
             return answer(scanned, false);  // U+FFFD is not ASCII
         }
         String record = new String(raw, StandardCharsets.UTF_8);
-        Object[] plain = plainRecord(record);
+        Object[] plain = scanned == NOT_PLAIN ? null : plainRecord(record);
         return answer(plain != null ? plain : variantFacts(record),
                       record.indexOf(REPLACEMENT) >= 0);
     }
@@ -301,6 +301,9 @@ public final class RecordFacts implements UDF1<byte[], Row> {
         }
     }
 
+    /** What {@link #asciiRecord} answers for a record that takes the variant's way. */
+    private static final Object[] NOT_PLAIN = new Object[0];
+
     /** The longest key the scan reads; Jackson refuses keys over 50,000 characters. */
     private static final int LONGEST_KEY = 1_000;
     /** The most digits the scan reads as an integer: any 18 digits fit in a long. */
@@ -318,7 +321,7 @@ public final class RecordFacts implements UDF1<byte[], Row> {
      * digits without a sign or a leading zero (Jackson's long, whose text is its digits);
      * nothing after the object's end is read, as Jackson does not read past the root value.
      * Anything else (an escape, a sign, a fraction, a key twice, a long key, a missing
-     * comma) declines.
+     * comma) declines: null, or {@link #NOT_PLAIN} where the record is not plain either.
      */
     static Object[] asciiRecord(byte[] raw) {
         if (raw.length > PLAIN_AT_MOST) {
@@ -382,7 +385,10 @@ public final class RecordFacts implements UDF1<byte[], Row> {
                 kind = NUMBER;
                 text = Long.toString(millis);
             } else {
-                return null;
+                // An object, an array, true or false: Jackson's plain way, reading the same
+                // tokens up to here, would refuse it too.
+                return first == '{' || first == '[' || first == 't' || first == 'f'
+                    ? NOT_PLAIN : null;
             }
             if (index == null) {
                 if (unknown == null) {
