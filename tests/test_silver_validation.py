@@ -1,5 +1,6 @@
 """Every messy kind of contract section 3, one inline record each, and its verdict."""
 
+import itertools
 import json
 from datetime import datetime
 from decimal import Decimal
@@ -238,6 +239,12 @@ READER_EDGES = [
         '{"event_id": "' + "e" * k + '\\n' + "f" * 16 + '"}',
         '{"event_id": "' + "e" * k + "\u0001" + "f" * 16 + '"}',
         '{"event_id": "' + "e" * k + '", "ad_id": "' + "a" * 16 + '"}')],
+    # Keys whose hashes collide in Jackson's symbol table ("AB" and "B!" hash alike, so do
+    # any keys of nine such blocks), as many as make it refuse the record as a hash flood:
+    # try_parse_json gives NULL, and the reader does not scan past 150 fields.
+    '{"event_id": "e", ' + ", ".join(
+        f'"{"".join(blocks)}": null'
+        for blocks in itertools.islice(itertools.product(("AB", "B!"), repeat=9), 303)) + "}",
 ]
 
 

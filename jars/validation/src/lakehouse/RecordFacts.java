@@ -152,15 +152,16 @@ public final class RecordFacts implements UDF1<byte[], Row> {
     private static final long BACKSLASHES = LOW_BITS * '\\';
     private static final long CONTROL_BOUND = LOW_BITS * 0x20;
 
-    /** Non-zero where a byte of {@code eight} is zero (subtracting one borrows into its high
-     * bit), for bytes whose high bits are clear. */
+    /** Non-zero if a byte of {@code eight} is zero (subtracting one borrows into its high
+     * bit; the borrow may mark bytes above it too, so this says whether, not where). */
     private static long hasZeroByte(long eight) {
         return (eight - LOW_BITS) & ~eight & HIGH_BITS;
     }
 
     /**
      * Whether every byte of {@code raw} is ASCII and none is zero, eight at a time (a zero
-     * byte is a character JSON does not allow unescaped anywhere: the string's way says so).
+     * byte is a character JSON does not allow unescaped anywhere: the scan leaves such a
+     * record to Jackson, which says why).
      */
     public static boolean isAscii(byte[] raw) {
         int i = 0;
@@ -308,6 +309,10 @@ public final class RecordFacts implements UDF1<byte[], Row> {
     private static final int LONGEST_KEY = 1_000;
     /** The most digits the scan reads as an integer: any 18 digits fit in a long. */
     private static final int MOST_DIGITS = 18;
+    /** The most fields the scan reads: Jackson refuses a record whose keys' hashes collide
+     * in a chain longer than 150 of its symbol table (a guard against hash flooding), which
+     * a record of at most 150 keys cannot make. */
+    private static final int MOST_FIELDS = 150;
 
     /**
      * The facts of a plain record of ASCII (every byte ASCII and none zero) that spells every
@@ -315,7 +320,8 @@ public final class RecordFacts implements UDF1<byte[], Row> {
      * which Jackson then reads.
      *
      * <p>What the scan accepts is a subset of what Jackson accepts, read as Jackson reads it:
-     * an object after JSON's whitespace (space, tab, line feed, carriage return), keys and
+     * an object of at most {@link #MOST_FIELDS} fields after JSON's whitespace (space, tab,
+     * line feed, carriage return), keys and
      * string values between quotes with no backslash and no control character (so their text
      * is their bytes), {@code null}, and for {@code event_time} an integer of at most 18
      * digits without a sign or a leading zero (Jackson's long, whose text is its digits);
@@ -394,7 +400,8 @@ public final class RecordFacts implements UDF1<byte[], Row> {
                 if (unknown == null) {
                     unknown = new TreeMap<>();
                 }
-                if (kind == NUMBER || unknown.containsKey(name)) {
+                if (kind == NUMBER || unknown.containsKey(name)
+                    || unknown.size() + FIELDS.length >= MOST_FIELDS) {
                     return null;
                 }
                 unknown.put(name, slice);
