@@ -30,7 +30,6 @@ import org.apache.spark.sql.types.Decimal;
 import org.apache.spark.types.variant.Variant;
 import org.apache.spark.types.variant.VariantBuilder;
 import org.apache.spark.types.variant.VariantUtil;
-import org.apache.spark.unsafe.types.UTF8String;
 import scala.Option;
 
 /**
