@@ -8,6 +8,7 @@ JARS      := .cache/jars/.complete
 BROKER    := .cache/jars/kafka-broker/.complete
 CLASSES   := .cache/jars/classes.jsa
 LOGSTORE  := .cache/jars/lakehouse-logstore.jar
+LOCALFS   := .cache/jars/lakehouse-localfs.jar
 VALIDATION := .cache/jars/lakehouse-validation.jar
 DEBIAN    := .cache/.debian-packages
 MAVEN     := .cache/.maven-resolved
@@ -21,7 +22,7 @@ ROOT      ?= data
 setup:
 	@$(MAKE) --no-print-directory --jobs=4 --output-sync=target setup-parts
 
-setup-parts: $(INSTALLED) $(JARS) $(LOGSTORE) $(VALIDATION) $(BROKER) $(CLASSES) $(DEBIAN) \
+setup-parts: $(INSTALLED) $(JARS) $(LOGSTORE) $(LOCALFS) $(VALIDATION) $(BROKER) $(CLASSES) $(DEBIAN) \
 	$(S3SERVER)
 
 $(INSTALLED): pyproject.toml constraints.txt
@@ -41,7 +42,8 @@ $(JARS): jars/pom.xml $(INSTALLED) $(MAVEN)
 
 # The project's Java, each folder of jars/ with a src/ into lakehouse-<folder>.jar: Delta's
 # log store for local disk with a listing that does not grow with the log's folder
-# (jars/logstore) and silver's record reader (jars/validation). Built into the jar cache,
+# (jars/logstore), Hadoop's local file system without a process per rename (jars/localfs)
+# and silver's record reader (jars/validation). Built into the jar cache,
 # so the refresh above removes them and this builds them again.
 .SECONDEXPANSION:
 .cache/jars/lakehouse-%.jar: $(JARS) $$(wildcard jars/$$*/src/lakehouse/*.java) \
@@ -64,7 +66,7 @@ $(S3SERVER): scripts/s3-server-requirements.txt scripts/s3-server-constraints.tx
 # The Spark driver's class-data archive (spark_jobs/class_archive.py): a cold Spark command
 # takes about a fifth less time. Built again whenever the venv, the jars or the JDK change.
 JAVA_BINARY := $(realpath $(shell command -v java))
-$(CLASSES): $(INSTALLED) $(JARS) $(LOGSTORE) $(VALIDATION) $(JAVA_BINARY)
+$(CLASSES): $(INSTALLED) $(JARS) $(LOGSTORE) $(LOCALFS) $(VALIDATION) $(JAVA_BINARY)
 	$(BIN)/python -m spark_jobs.class_archive
 
 # Debian's packages, in one install: chromium (the data quality report and the Airflow UI are

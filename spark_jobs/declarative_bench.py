@@ -101,8 +101,8 @@ def _run_plain(settings: Settings, root: Path) -> float:
         "spark.connect.grpc.binding.address": LOOPBACK,
         # The same JIT flag; not the project's class archive, built for its own class path.
         "spark.driver.extraJavaOptions": settings.spark_java_options}
-    jars = conf.pop("spark.jars")
-    submit = ["--jars", jars, *(arg for key, value in conf.items()
+    jars = conf.pop("spark.jars", None)  # none for a local master (its class path)
+    submit = [*(["--jars", jars] if jars else []), *(arg for key, value in conf.items()
                                 for arg in ("--conf", f"{key}={value}"))]
     (root / "transformations").symlink_to(PIPELINE / "transformations")
     (root / "spark-pipeline.yml").write_text(

@@ -53,7 +53,8 @@ class LakehouseJob(SparkSubmitOperator):
         if master != settings.spark_master:
             settings = settings.replace(spark_master=master)
         conf = spark_conf(settings)
-        self.jars = conf.pop("spark.jars")
+        # None for a local master, whose driver has the jars on its class path.
+        self.jars = conf.pop("spark.jars", None)
         # A cluster's executors get the project's code as spark-submit's --py-files.
         self.py_files = conf.pop("spark.submit.pyFiles", None)
         self.conf = conf
