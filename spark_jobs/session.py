@@ -76,9 +76,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # Python on the executors (a UDF, a stateful function) runs this interpreter, with
         # the project's packages, rather than the first python3 on the PATH.
         "spark.pyspark.python": executor_python(settings),
-    } | _log_store(jars) | _local_file_system(jars, settings) | _object_store(settings) | (
-        _java_options(settings)) | _driver_address(
-        settings) | _shipped_code(settings)
+    } | _log_store(jars) | _local_file_system(jars, settings) | _object_store(settings) \
+      | _java_options(settings) | _driver_address(settings) | _shipped_code(settings)
 
 
 def _master_on_loopback(settings: Settings) -> bool:
@@ -138,7 +137,7 @@ def _local_file_system(jars: list[Path], settings: Settings) -> dict[str, str]:
     ``readlink`` for both sides of every rename (each checkpoint file and Delta commit is
     renamed into place) and ``chmod`` for each file and folder it creates, 1,136 processes
     in a cold ``lakehouse stream --available-now`` of 600 events (Java Flight Recorder),
-    about 3 ms each on the committing thread: 37.9-38.4 s against 39.1-40.6 s (alternated).
+    2-3 ms each on the committing thread: 37.9-38.4 s against 39.1-40.6 s (alternated).
     For a local master only: on the driver's class path (``_class_path``), where Hadoop
     finds it; a cluster's executors would look it up before they have the jars."""
     if not _runs_in_the_driver(settings) or not any(jar.name == LOCAL_FS_JAR for jar in jars):
@@ -177,7 +176,7 @@ def executor_python(settings: Settings) -> str:
 def _shipped_code(settings: Settings) -> dict[str, str]:
     """A cluster's executors get the driver's code (``--py-files`` under spark-submit); a
     local master's run in the driver's own environment, which has it."""
-    if settings.spark_master.startswith("local"):
+    if _runs_in_the_driver(settings):
         return {}
     from spark_jobs.code_archive import code_archive
 
