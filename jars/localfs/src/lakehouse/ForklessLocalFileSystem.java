@@ -22,7 +22,7 @@ import org.apache.hadoop.io.nativeio.NativeIO;
  * {@code FileContext} asks of both sides of every rename (Spark's checkpoint files and
  * Delta's commits are renamed into place, and their checksum files too), and a
  * {@code chmod} process for every file and folder it creates with a permission. A cold
- * {@code lakehouse stream --available-now} of 600 events started 1,136 of them, about 3 ms
+ * {@code lakehouse stream --available-now} of 600 events started 1,136 of them, 2-3 ms
  * each on the committing thread. The same answers come from the JDK: whether the path is a
  * link, and the permission bits set with {@link Files#setPosixFilePermissions}. A symbolic
  * link, a sticky bit (which the JDK cannot set), or Hadoop's native library present go to
