@@ -183,6 +183,7 @@ class Settings(BaseModel, frozen=True, extra="forbid", coerce_numbers_to_str=Tru
     spark_driver_memory: Annotated[str, AfterValidator(_jvm_size)]
     shuffle_partitions: Count
     file_listing_parallelism: Count
+    delta_snapshot_partitions: Count
     jars_dir: Annotated[Path, _folder(lambda: default_jars_dir())]
     trigger_interval: Interval
     table_poll_interval: Interval

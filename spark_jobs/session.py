@@ -69,8 +69,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # Progress goes to the project's own table; the UI would only cost a port and memory.
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        # Small local tables: Delta's default of 50 snapshot partitions is pure overhead.
-        "spark.databricks.delta.snapshotPartitions": "2",
+        # Delta's state of a table version, rebuilt for each new version: see the setting.
+        "spark.databricks.delta.snapshotPartitions": str(settings.delta_snapshot_partitions),
         "spark.sql.warehouse.dir": str(settings.root / "warehouse"),
         "spark.driver.memory": settings.spark_driver_memory,
         # Python on the executors (a UDF, a stateful function) runs this interpreter, with

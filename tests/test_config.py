@@ -33,6 +33,10 @@ def test_defaults_come_from_the_checked_in_file(tmp_path: Path) -> None:
     assert conf["spark.driver.memory"] == "3g"
     assert spark_conf(config.load(environ={"LAKEHOUSE_SPARK_DRIVER_MEMORY": "4096m"})
                       )["spark.driver.memory"] == "4096m"
+    # Delta rebuilds a table version's state in one partition, unless a bigger lake asks.
+    assert conf["spark.databricks.delta.snapshotPartitions"] == "1"
+    assert spark_conf(config.load(environ={"LAKEHOUSE_DELTA_SNAPSHOT_PARTITIONS": "16"})
+                      )["spark.databricks.delta.snapshotPartitions"] == "16"
 
 
 def test_environment_overrides_file_and_flags_override_environment(tmp_path: Path) -> None:
@@ -100,6 +104,7 @@ def test_a_root_is_a_local_folder_a_file_uri_or_a_bucket_s_folder(tmp_path: Path
     ({"LAKEHOUSE_DERIVE_MISSING_EVENT_ID": "maybe"}, "true or false"),
     ({"LAKEHOUSE_KAFKA_FAIL_ON_DATA_LOSS": "perhaps"}, "kafka_fail_on_data_loss must be true"),
     ({"LAKEHOUSE_KAFKA_MAX_OFFSETS_PER_TRIGGER": "0"}, "at least 1"),
+    ({"LAKEHOUSE_DELTA_SNAPSHOT_PARTITIONS": "0"}, "delta_snapshot_partitions.*at least 1"),
     # The launcher would pass -Xmx3 (3 bytes), and no JVM would start.
     ({"LAKEHOUSE_SPARK_DRIVER_MEMORY": "3"}, "spark_driver_memory: '3' is not a memory size"),
     ({"LAKEHOUSE_SPARK_DRIVER_MEMORY": "lots"}, "is not a memory size such as 3g"),
